@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The project's test command (README Quickstart, and what CI's .ci/run calls):
+#   1. set up: a virtual environment in .venv with the project and its dev extra;
+#   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
+#      library out of sync with them);
+#   3. run the notebooks as tests (nbdev_test), then pytest, ending on pytest's summary line.
+# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+echo "== set up: $VENV with t2t_course[dev]"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+python -m pip install --quiet --upgrade pip
+python -m pip install --quiet -e ".[dev]"
+
+# A fingerprint of the working tree: status, diff, and the content of untracked files.
+snapshot() {
+  git status --porcelain=v1 --untracked-files=all
+  git diff --binary
+  git ls-files --others --exclude-standard -z | xargs -0 -r sha1sum
+}
+
+echo "== nbdev_clean and nbdev_export must leave the tree unchanged"
+before=$(snapshot | sha1sum)
+nbdev_clean
+nbdev_export
+after=$(snapshot | sha1sum)
+if [ "$before" != "$after" ]; then
+  echo "FAIL: nbdev_clean / nbdev_export changed files: the notebooks are not clean or t2t_course/ is"
+  echo "out of sync with nbs/. Run 'nbdev_clean && nbdev_export', review and commit. What changed:"
+  git status --short --untracked-files=all
+  git --no-pager diff --stat
+  exit 1
+fi
+
+echo "== nbdev_test (skips cells flagged: $(sed -n 's/^tst_flags *= *//p' settings.ini))"
+nbdev_test --timing
+
+echo "== pytest"
+python -m pytest -q tests
