@@ -18,13 +18,17 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 # %% ../nbs/00_core.ipynb #a2800563
-def to_2tuple(x, name:str='size') -> tuple:
-    "`x` as a pair of positive ints `(H, W)`: an int `n` becomes `(n, n)`; a bad value raises `ValueError` naming `name`."
+def to_2tuple(x,                # an int (square) or a pair (H, W)
+              name:str='size',   # what `x` is, for the error message
+              min_value:int=1    # smallest allowed value (0 for a padding)
+             ) -> tuple:
+    "`x` as a pair of ints `(H, W)`: an int `n` becomes `(n, n)`; a bad value raises `ValueError` naming `name`."
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool): x = (int(x), int(x))
     elif isinstance(x, (tuple, list, torch.Size)) and len(x) == 2 and all(
             isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x): x = (int(x[0]), int(x[1]))
     else: raise ValueError(f"{name} must be an int or a pair of ints (H, W), got {x!r}")
-    if min(x) <= 0: raise ValueError(f"{name} must be positive, got {x}")
+    if min(x) < min_value:
+        raise ValueError(f"{name} must be {'positive' if min_value == 1 else f'>= {min_value}'}, got {x}")
     return x
 
 # %% ../nbs/00_core.ipynb #830d723e
