@@ -6,8 +6,8 @@
 __all__ = ['IMG_EXTENSIONS', 'DIGITS_MARKER', 'DATA_PRESETS', 'BadImageError', 'to_rgb', 'load_rgb', 'find_images',
            'scan_image_folder', 'BadSample', 'Batch', 'ImageFolderDataset', 'collate_skip_bad', 'BadImageLog',
            'create_loader', 'mean_fill', 'ResizeCover', 'create_train_transform', 'create_eval_transform',
-           'MixupCutmix', 'create_loss', 'default_cache_dir', 'digits_folder', 'create_datasets', 'read_val_labels',
-           'prepare_imagenet_val', 'prepare_val_cli']
+           'MixupCutmix', 'create_loss', 'digits_folder', 'create_datasets', 'read_val_labels', 'prepare_imagenet_val',
+           'prepare_val_cli']
 
 # %% ../nbs/09_data.ipynb #d009347b
 import argparse, csv, io, json, os, shutil, sys, tarfile, tempfile
@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, DataLoader, default_collate
 from torchvision.transforms import v2
 from PIL import Image
 
-from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple
+from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir
 
 # %% ../nbs/09_data.ipynb #7a508d6c
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
@@ -299,10 +299,6 @@ def create_loss(train:bool=True,              # True: the training loss; False: 
 
 # %% ../nbs/09_data.ipynb #7b8ea7cc
 DIGITS_MARKER = '.complete.json'
-
-def default_cache_dir() -> Path:
-    "The course's cache folder: `$T2T_COURSE_CACHE`, else `~/.cache/t2t_course`."
-    return Path(os.environ.get('T2T_COURSE_CACHE') or Path.home() / '.cache' / 't2t_course')
 
 def _write_digits(folder:Path, val_frac:float=0.2, seed:int=0) -> dict:
     "Write scikit-learn's digits into `folder` as train/val class folders of 8 x 8 PNGs and the marker; return the counts."

@@ -1,0 +1,174 @@
+"""Whole-model speed and memory: the library's default path against the naive reference path, same weights.
+
+    python benchmarks/models.py                  # CPU fp32, batch 8 at 224 px (about 5 minutes on 2 cores)
+    python benchmarks/models.py --quick          # fewer repetitions, a smoke run of every measurement
+    python benchmarks/models.py --device cuda    # on a GPU
+
+The two paths differ only in how attention is computed (`t2t_course.attention.set_fused_attn`):
+
+- default: `scaled_dot_product_attention` in the backbone blocks and in the T2T transformer layers (the N x N
+  matrix is never built), and the Performer layers' batched-matmul path;
+- naive: the attention matrices materialized (`softmax(q k^T * scale) @ v`), and the Performer's einsum/repeat
+  sequence, exactly as the official code computes them.
+
+Measurements, each printed with the requirement it answers (PASS/FAIL):
+
+1. inference time, batch 8 at 224 px, t2t_vit_14 (>= 1.15x faster) and t2t_vit_t_14 (>= 1.5x);
+2. training step (forward, backward, AdamW step), batch 8 at 224 px, t2t_vit_14 (>= 1.10x) and t2t_vit_t_14 (>= 1.3x);
+3. forward peak memory of t2t_vit_t_14 at 384 px, batch 8 (default at most half the naive path's);
+4. throughput (img/s) of the default path for t2t_vit_7, t2t_vit_14 and t2t_vit_t_14, inference and training.
+
+How it measures. Times: both paths live in one process, on identical weights; their calls alternate in rounds so
+that both see the same machine load, and each path's estimate is its fastest round (the minimum is the estimate
+least disturbed by other processes). Memory: each path runs in a fresh subprocess; on CPU the kernel's peak-RSS
+counter is reset after the model and the input are built and a small warm-up call has run (writing 5 to
+/proc/self/clear_refs), and the peak (VmHWM) minus the resident size before the call is the extra memory the
+forward pass needed; on CUDA, torch.cuda.max_memory_allocated() minus the memory allocated before the call.
+"""
+import argparse, copy, gc, json, subprocess, sys, time
+from pathlib import Path
+
+try: import t2t_course  # noqa: F401
+except ImportError: sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from t2t_course import create_model
+from t2t_course.attention import set_fused_attn
+
+REQUIRED = {('infer', 't2t_vit_14'): 1.15, ('infer', 't2t_vit_t_14'): 1.5,
+            ('train', 't2t_vit_14'): 1.10, ('train', 't2t_vit_t_14'): 1.3}
+
+
+def _sync(device):
+    if device.startswith('cuda'): torch.cuda.synchronize()
+
+
+def _paths(name, device, train):
+    "The model twice, same weights: (default path, naive path), each with its optimizer when training."
+    torch.manual_seed(0)
+    fast = create_model(name).to(device)
+    naive = set_fused_attn(copy.deepcopy(fast), False)
+    models = [fast.train(train), naive.train(train)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-5) for m in models] if train else [None, None]
+    return models, opts
+
+
+def _step(model, opt, x, y, train):
+    "One inference call, or one training step (forward, backward, optimizer step)."
+    if train:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    else:
+        with torch.no_grad(): model(x)
+
+
+def compare(name, device='cpu', batch=8, size=224, train=False, rounds=4):
+    "Fastest time per call of the default and the naive path, alternating calls round by round."
+    models, opts = _paths(name, device, train)
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    for m, o in zip(models, opts): _step(m, o, x, y, train)  # warm-up
+    _sync(device)
+    best = [float('inf'), float('inf')]
+    for _ in range(rounds):
+        for i, (m, o) in enumerate(zip(models, opts)):
+            t0 = time.perf_counter(); _step(m, o, x, y, train); _sync(device)
+            best[i] = min(best[i], time.perf_counter() - t0)
+    del models, opts; gc.collect()
+    return dict(model=name, mode='train' if train else 'infer', batch=batch, size=size,
+                default_s=best[0], naive_s=best[1], speedup=best[1] / best[0])
+
+
+def throughput(name, device='cpu', batch=8, size=224, rounds=3):
+    "Images per second of the default path, inference and training step."
+    out = {}
+    for train in (False, True):
+        (model, _), (opt, _) = _paths(name, device, train)
+        x = torch.randn(batch, 3, size, size, device=device)
+        y = torch.randint(0, 1000, (batch,), device=device)
+        _step(model, opt, x, y, train); _sync(device)
+        best = float('inf')
+        for _ in range(rounds):
+            t0 = time.perf_counter(); _step(model, opt, x, y, train); _sync(device)
+            best = min(best, time.perf_counter() - t0)
+        out['train' if train else 'infer'] = batch / best
+        del model, opt; gc.collect()
+    return out
+
+
+def _status_kb(field):
+    try:
+        for line in open('/proc/self/status'):
+            if line.startswith(field + ':'): return int(line.split()[1])
+    except OSError: return None
+
+
+def memory_worker(name, fused, device='cpu', batch=8, size=384):
+    "Extra peak memory (MB) of one forward pass in this process (run me in a fresh subprocess)."
+    torch.manual_seed(0)
+    model = set_fused_attn(create_model(name, img_size=size).to(device).eval(), fused)
+    x = torch.randn(batch, 3, size, size, device=device)
+    with torch.no_grad(): model(x[:1, :, :64, :64])  # warm-up at a tiny size: kernels and thread pools, little memory
+    gc.collect()
+    if device.startswith('cuda'):
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.no_grad(): model(x)
+        torch.cuda.synchronize()
+        return dict(peak_mb=(torch.cuda.max_memory_allocated() - base) / 2**20, method='cuda.max_memory_allocated')
+    try:
+        with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # peak RSS := current RSS
+    except OSError: raise RuntimeError("peak memory on CPU needs Linux's /proc/self/clear_refs")
+    base = _status_kb('VmRSS')
+    with torch.no_grad(): model(x)
+    return dict(peak_mb=(_status_kb('VmHWM') - base) / 1024, method='VmHWM - VmRSS')
+
+
+def memory(name, fused, **kw):
+    "`memory_worker` in a fresh subprocess."
+    args = json.dumps(dict(name=name, fused=fused, **kw))
+    res = subprocess.run([sys.executable, __file__, '--memory-worker', args], capture_output=True, text=True)
+    if res.returncode: raise RuntimeError(f"memory worker failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--device', default='cpu', help='cpu or cuda (default: cpu)')
+    p.add_argument('--batch-size', type=int, default=8, help='images per call (default: 8)')
+    p.add_argument('--rounds', type=int, default=4, help='alternating rounds per comparison (default: 4)')
+    p.add_argument('--quick', action='store_true', help='one round each and a 2-image memory check: a smoke run')
+    p.add_argument('--memory-worker', help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_worker:
+        print(json.dumps(memory_worker(**json.loads(args.memory_worker)))); return
+    if args.device.startswith('cuda') and not torch.cuda.is_available(): p.error('--device cuda: no CUDA GPU is available')
+    rounds, mem_batch = (1, 2) if args.quick else (args.rounds, args.batch_size)
+    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, fp32, batch {args.batch_size}")
+    results, ok = [], True
+    print(f"\n{'model':<14} {'mode':<6} {'default (s)':>11} {'naive (s)':>10} {'speed-up':>9} {'required':>9}")
+    for mode in ('infer', 'train'):
+        for name in ('t2t_vit_14', 't2t_vit_t_14'):
+            r = compare(name, args.device, args.batch_size, 224, mode == 'train', rounds)
+            need = REQUIRED[(mode, name)]
+            verdict = 'PASS' if r['speedup'] >= need else 'FAIL'
+            ok &= verdict == 'PASS'
+            print(f"{name:<14} {mode:<6} {r['default_s']:>11.3f} {r['naive_s']:>10.3f} {r['speedup']:>8.2f}x {need:>8.2f}x  {verdict}")
+            results.append(r)
+    mf, mn = memory('t2t_vit_t_14', True, device=args.device, batch=mem_batch), memory('t2t_vit_t_14', False, device=args.device, batch=mem_batch)
+    ratio = mf['peak_mb'] / mn['peak_mb']
+    verdict = 'PASS' if ratio <= 0.5 else 'FAIL'
+    ok &= verdict == 'PASS'
+    print(f"\nforward peak memory, t2t_vit_t_14 at 384 px, batch {mem_batch} ({mf['method']}): default {mf['peak_mb']:.0f} MB, "
+          f"naive {mn['peak_mb']:.0f} MB, ratio {ratio:.2f} (required <= 0.50)  {verdict}")
+    print(f"\nthroughput of the default path (img/s, batch {args.batch_size}, 224 px):")
+    for name in ('t2t_vit_7', 't2t_vit_14', 't2t_vit_t_14'):
+        t = throughput(name, args.device, args.batch_size, 224, max(rounds - 1, 1))
+        print(f"  {name:<14} inference {t['infer']:>7.1f}   training step {t['train']:>7.1f}")
+    print(f"\n{'all requirements met' if ok else 'SOME REQUIREMENTS FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == '__main__': sys.exit(main())

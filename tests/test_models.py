@@ -1,0 +1,263 @@
+"""The T2T-ViT family: official layouts, golden logits, the timm-style contract over every registered model,
+checkpoint conversion, bad input, and MAC counts against the official ones.
+
+Reference data (measured on the official code) is in reference/: official_state_dicts.json, official_macs.json
+and golden/*.pt.
+"""
+import argparse, json, math, warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import t2t_course
+from t2t_course import create_model, list_models, T2TViT
+from t2t_course.attention import set_fused_attn
+from t2t_course.backbone import count_macs, get_sinusoid_encoding
+from t2t_course.models import MODEL_SPECS, checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir
+
+REF = Path(__file__).resolve().parents[1] / 'reference'
+OFFICIAL = json.loads((REF / 'official_state_dicts.json').read_text())
+OFFICIAL_MACS = json.loads((REF / 'official_macs.json').read_text())
+TINY = dict(img_size=64, embed_dim=64, depth=2, num_heads=2, mlp_ratio=2., num_classes=10)
+
+
+def official_name(name): return name.replace('_384', '@384')
+
+
+def test_registry():
+    assert list_models() == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384', 't2t_vit_19',
+                             't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
+    assert list_models('*_t_*') == ['t2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
+    assert list_models('resnet*') == []
+    assert t2t_course.create_model is create_model and t2t_course.T2TViT is T2TViT
+    with pytest.raises(ValueError, match=r"unknown model 't2t_vit_t14'; did you mean 't2t_vit_t_14'"):
+        create_model('t2t_vit_t14')
+    with pytest.raises(ValueError, match=r"unknown model 'vgg16' \(list_models\(\) shows all 10\)"):
+        create_model('vgg16')
+
+
+@pytest.mark.parametrize('name', list(MODEL_SPECS))
+def test_default_cfg(name):
+    cfg = create_model(name, img_size=32).default_cfg
+    size = 384 if name.endswith('_384') else 224
+    assert cfg['architecture'] == name and cfg['classifier'] == 'head'
+    assert cfg['crop_pct'] == 0.9 and cfg['interpolation'] == 'bicubic'
+    assert cfg['mean'] == (0.485, 0.456, 0.406) and cfg['std'] == (0.229, 0.224, 0.225)
+    assert cfg['input_size'] == (3, 32, 32)  # follows the override
+    assert cfg['file'].endswith('.pth.tar') and cfg['url'].endswith(cfg['file'])
+    assert create_model(name, pretrained=False).default_cfg['input_size'] == (3, size, size)
+
+
+@pytest.mark.parametrize('name', sorted(OFFICIAL))
+def test_official_state_dict_layout(name):
+    "Identical key set and shapes, total and trainable numel, for every official entry."
+    ref = OFFICIAL[name]
+    model = create_model(name.replace('@384', '_384'))
+    sd = model.state_dict()
+    assert {k: list(v.shape) for k, v in sd.items()} == ref['keys']
+    assert sum(v.numel() for v in sd.values()) == ref['state_dict_numel']
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == ref['trainable_numel']
+    frozen = {k for k in sd if k not in dict(model.named_parameters())}
+    assert frozen == set(ref['frozen_keys'])
+
+
+@pytest.mark.parametrize('fname, kwargs', [
+    ('tiny_performer_64', dict(TINY, tokens_type='performer')),
+    ('tiny_transformer_64', dict(TINY, tokens_type='transformer')),
+    ('t2t_vit_7_224', None),
+])
+@pytest.mark.parametrize('fused', [True, False])
+def test_golden_logits(fname, kwargs, fused):
+    g = torch.load(REF / 'golden' / f'{fname}.pt')
+    model = T2TViT(**kwargs) if kwargs else create_model('t2t_vit_7')
+    model.load_state_dict(g['state_dict'], strict=True)
+    set_fused_attn(model.eval(), fused)
+    with torch.no_grad():
+        tokens = model.tokens_to_token(g['input'])
+        features = model.forward_head(model.forward_features(g['input']), pre_logits=True)
+        logits = model(g['input'])
+    torch.testing.assert_close(tokens, g['t2t_tokens'], atol=1e-4, rtol=0)
+    torch.testing.assert_close(features, g['features'], atol=1e-4, rtol=0)
+    torch.testing.assert_close(logits, g['logits'], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('name', list(MODEL_SPECS))
+def test_contract(name):
+    "timm-style contract at 32 px: shapes, finite outputs, gradients everywhere, pre_logits, reset_classifier, compile."
+    torch.manual_seed(0)
+    torch._dynamo.reset()  # the variants share code objects: start each from a clean compile cache
+    model = create_model(name, num_classes=42, img_size=32)
+    x = torch.randn(2, 3, 32, 32)
+    # training mode: every trainable parameter receives a gradient
+    out = model(x)
+    assert out.shape == (2, 42) and torch.isfinite(out).all()
+    out.logsumexp(-1).sum().backward()
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not torch.isfinite(p.grad).all())]
+    assert not no_grad, f"no (finite) gradient for {no_grad}"
+    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if p.requires_grad), "a zero gradient"
+    model.eval()
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        assert feats.shape == (2, 1 + 4, model.num_features)           # 32 px -> 2 x 2 tokens + cls
+        pre = model.forward_head(feats, pre_logits=True)
+        assert pre.shape == (2, model.num_features) and torch.equal(pre, feats[:, 0])
+        torch.testing.assert_close(model.forward_head(feats), model(x))
+        assert model.get_classifier() is model.head and model.head.out_features == 42
+        assert model.no_weight_decay() >= {'cls_token'}
+        compiled = torch.compile(model, backend='eager', fullgraph=True)  # graph capture without a single break
+        torch.testing.assert_close(compiled(x), model(x))
+        model.reset_classifier(0)
+        assert isinstance(model.get_classifier(), nn.Identity)
+        torch.testing.assert_close(model(x), pre)                       # features come out
+        model.reset_classifier(7)
+        assert model(x).shape == (2, 7)
+
+
+def test_torch_compile_inductor():
+    "The default backend compiles and computes the same thing (one model: compiling is slow on CPU)."
+    model = create_model('t2t_vit_7', img_size=32, num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(): torch.testing.assert_close(torch.compile(model)(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', list(MODEL_SPECS))
+def test_torch_compile_inductor_all(name):
+    model = create_model(name, img_size=32, num_classes=10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch._dynamo.reset()
+    with torch.no_grad(): torch.testing.assert_close(torch.compile(model)(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_bad_channels_and_small_images():
+    model = create_model('t2t_vit_7', img_size=64).eval()
+    with pytest.raises(ValueError, match='expected 3 input channels, got 4'): model(torch.randn(1, 4, 64, 64))
+    with pytest.raises(ValueError, match=r'input must be a 4-D batch \(B, C, H, W\)'): model(torch.randn(3, 64, 64))
+    with pytest.raises(ValueError, match='kernel_size 7 is larger than the padded input 5'): model(torch.randn(1, 3, 1, 64))
+    with pytest.raises(ValueError, match='tokens_type must be one of'): create_model('t2t_vit_7', tokens_type='conv')
+    model = create_model('t2t_vit_7', in_chans=1, img_size=32).eval()  # other channel counts are an argument
+    assert model(torch.randn(2, 1, 32, 32)).shape == (2, 1000)
+
+
+@pytest.mark.parametrize('size', [(96, 96), (80, 112), (50, 70)])
+def test_other_input_size_regenerates_the_sinusoid(size):
+    "A model built at 64 px run at another size equals a model built for that size with the same weights."
+    torch.manual_seed(0)
+    small = T2TViT(**dict(TINY, tokens_type='performer')).eval()
+    big = T2TViT(**dict(TINY, tokens_type='performer', img_size=size)).eval()
+    big.load_state_dict(checkpoint_filter_fn(small.state_dict(), big), strict=True)
+    torch.testing.assert_close(big.pos_embed, get_sinusoid_encoding(big.pos_embed.shape[1], 64))
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad(): torch.testing.assert_close(small(x), big(x), atol=1e-5, rtol=1e-5)
+
+
+def _golden7():
+    return torch.load(REF / 'golden' / 't2t_vit_7_224.pt')
+
+
+@pytest.mark.parametrize('wrap', ['bare', 'state_dict', 'state_dict_ema', 'model', 'net', 'module', 'compiled'])
+def test_checkpoint_wrappings(wrap, tmp_path):
+    g = _golden7()
+    sd = g['state_dict']
+    junk = {k: torch.zeros_like(v) for k, v in sd.items()}
+    ckpt = {'bare': sd, 'state_dict': {'state_dict': sd, 'epoch': 3},
+            'state_dict_ema': {'state_dict': junk, 'state_dict_ema': sd, 'args': argparse.Namespace(lr=1e-3)},
+            'model': {'model': sd, 'optimizer': {}}, 'net': {'net': sd},
+            'module': {'state_dict': {'module.' + k: v for k, v in sd.items()}},
+            'compiled': {'model': {'_orig_mod.module.' + k: v for k, v in sd.items()}}}[wrap]
+    path = tmp_path / 'ckpt.pth.tar'
+    torch.save(ckpt, path)
+    model = load_checkpoint(create_model('t2t_vit_7'), path).eval()
+    with torch.no_grad(): torch.testing.assert_close(model(g['input']), g['logits'], atol=1e-4, rtol=0)
+
+
+def test_pretrained_true_and_missing_file(tmp_path, monkeypatch):
+    g = _golden7()
+    monkeypatch.setenv('T2T_COURSE_WEIGHTS', str(tmp_path))
+    assert weights_dir() == tmp_path
+    with pytest.raises(FileNotFoundError, match=r'no checkpoint for t2t_vit_7 at .*71\.7_T2T_ViT_7\.pth\.tar\. Download https://github\.com/yitu-opensource/T2T-ViT/releases/download/main/71\.7_T2T_ViT_7\.pth\.tar'):
+        create_model('t2t_vit_7', pretrained=True)
+    torch.save({'state_dict_ema': g['state_dict']}, tmp_path / '71.7_T2T_ViT_7.pth.tar')
+    model = create_model('t2t_vit_7', pretrained=True).eval()
+    with torch.no_grad(): torch.testing.assert_close(model(g['input']), g['logits'], atol=1e-4, rtol=0)
+    with pytest.raises(FileNotFoundError, match='no checkpoint for t2t_vit_7 at /nonexistent.pth'):
+        create_model('t2t_vit_7', pretrained='/nonexistent.pth')
+
+
+def test_transfer_drops_head_with_warning():
+    g = _golden7()
+    model = create_model('t2t_vit_7', num_classes=10)
+    head = model.head.weight.detach().clone()
+    with pytest.warns(UserWarning, match=r"dropping the checkpoint's classifier head \(1000 classes\): the model has 10 classes"):
+        sd = checkpoint_filter_fn({'state_dict_ema': g['state_dict']}, model)
+    assert not any(k.startswith('head.') for k in sd)
+    missing = model.load_state_dict(sd, strict=False).missing_keys
+    assert sorted(missing) == ['head.bias', 'head.weight']
+    torch.testing.assert_close(model.head.weight, head)  # untouched
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_head(model.forward_features(g['input']), pre_logits=True), g['features'], atol=1e-4, rtol=0)
+    features_only = create_model('t2t_vit_7', num_classes=0)
+    with pytest.warns(UserWarning, match='the model has 0 classes and keeps its features'):
+        features_only.load_state_dict(checkpoint_filter_fn(g['state_dict'], features_only), strict=True)
+
+
+def test_other_resolution_and_learned_tables():
+    g = _golden7()
+    m224 = create_model('t2t_vit_7').eval()
+    m224.load_state_dict(g['state_dict'])
+    m384 = create_model('t2t_vit_7', img_size=384)
+    m384.load_state_dict(checkpoint_filter_fn(g['state_dict'], m384), strict=True)
+    torch.testing.assert_close(m384.pos_embed, get_sinusoid_encoding(577, 256))
+    x = torch.randn(1, 3, 384, 384)
+    with torch.no_grad(): torch.testing.assert_close(m384.eval()(x), m224(x), atol=1e-4, rtol=1e-4)
+    # a learned (non-sinusoid) table is interpolated on its grid, the cls row kept
+    sd = dict(g['state_dict'])
+    sd['pos_embed'] = torch.randn(1, 197, 256)
+    m288 = create_model('t2t_vit_7', img_size=(288, 224))  # non-square target grid: 18 x 14
+    out = checkpoint_filter_fn(sd, m288)['pos_embed']
+    assert out.shape == (1, 1 + 18 * 14, 256)
+    torch.testing.assert_close(out[:, 0], sd['pos_embed'][:, 0])
+    expected = torch.nn.functional.interpolate(sd['pos_embed'][:, 1:].reshape(1, 14, 14, 256).permute(0, 3, 1, 2),
+                                               size=(18, 14), mode='bicubic', align_corners=False)
+    torch.testing.assert_close(out[:, 1:], expected.permute(0, 2, 3, 1).reshape(1, -1, 256))
+    const = torch.full((1, 1 + 49, 4), 0.5)
+    torch.testing.assert_close(resize_pos_embed(const, (9, 9)), torch.full((1, 82, 4), 0.5))
+    with pytest.raises(ValueError, match='not a square grid; pass old_grid'): resize_pos_embed(torch.zeros(1, 1 + 12, 4), (4, 4))
+    torch.testing.assert_close(resize_pos_embed(const[:, :13], (6, 4), old_grid=(3, 4)), torch.full((1, 25, 4), 0.5))
+
+
+def test_wrong_variant_is_named():
+    g = _golden7()
+    with pytest.raises(ValueError) as e: checkpoint_filter_fn(g['state_dict'], create_model('t2t_vit_14'))
+    msg = str(e.value)
+    assert 'does not fit this T2TViT (t2t_vit_14)' in msg
+    assert 'shape mismatch blocks.0.attn.qkv.weight: checkpoint (768, 256) vs model (1152, 384)' in msg
+    assert 'looks like t2t_vit_7' in msg
+    with pytest.raises(ValueError) as e: checkpoint_filter_fn(g['state_dict'], create_model('t2t_vit_t_14'))
+    assert 'not in the model: tokens_to_token.attention1.kqv.bias' in str(e.value)
+    sd = dict(g['state_dict']); del sd['tokens_to_token.attention1.w']
+    with pytest.raises(ValueError, match='missing from the checkpoint: tokens_to_token.attention1.w'):
+        checkpoint_filter_fn(sd, create_model('t2t_vit_7'))
+    with pytest.raises(TypeError, match='a checkpoint must be a dict'): checkpoint_filter_fn([1, 2], create_model('t2t_vit_7'))
+
+
+@pytest.mark.parametrize('name, img_size', [(n, None) for n in MODEL_SPECS] + [('t2t_vit_t_14', 384)])
+def test_macs_match_official(name, img_size):
+    model = create_model(name, **({'img_size': img_size} if img_size else {}))
+    key = official_name(name) if img_size is None else f'{name}@{img_size}'
+    ref = OFFICIAL_MACS[key]
+    macs = count_macs(model, model.img_size)
+    assert abs(macs['total'] / ref['macs_total'] - 1) < 0.02, (macs, ref['macs_total'])
+    by_op = ref['macs_by_op']
+    assert abs(macs['linear'] / by_op['linear'] - 1) < 0.02
+    assert abs(macs['layer_norm'] / by_op['layer_norm'] - 1) < 0.02
+    assert abs(macs['attention'] - by_op.get('matmul', 0)) <= 0.02 * by_op.get('matmul', 0)
+    assert abs(macs['performer'] - by_op.get('einsum', 0)) <= 0.02 * max(by_op.get('einsum', 0), 1)
+
+
+def test_count_macs_fake_equals_real():
+    model = create_model('t2t_vit_7', img_size=64)
+    assert count_macs(model, 64) == count_macs(model, 64, fake=False)
