@@ -89,6 +89,17 @@ class Attention(nn.Module):
         x = x.transpose(1, 2).reshape(B, N, C)                                           # (B, N, D)
         return self.proj_drop(self.proj(x))
 
+    def forward_cls(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, 1, D)
+        "The output of the first (cls) token only: its query against every key, without the other N-1 queries."
+        B, N, C = x.shape
+        h, W, b = self.num_heads, self.qkv.weight, self.qkv.bias
+        q = F.linear(x[:, :1], W[:C], None if b is None else b[:C])                     # (B, 1, D): the q rows
+        kv = F.linear(x, W[C:], None if b is None else b[C:])                            # (B, N, 2D): the k|v rows
+        q = q.reshape(B, 1, h, C // h).transpose(1, 2)                                   # (B, h, 1, d)
+        k, v = kv.reshape(B, N, 2, h, C // h).permute(2, 0, 3, 1, 4).unbind(0)           # (B, h, N, d) each
+        x = attention(q, k, v, self.scale, self.attn_drop.p, self.training, fused=self.fused_attn)  # (B, h, 1, d)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, 1, C)))             # (B, 1, D)
+
 # %% ../nbs/03_attention.ipynb #8e8d342e
 def set_fused_attn(model:nn.Module, # any model; every submodule with a `fused_attn` attribute is switched
                    enabled:bool     # True: fast fused path; False: readable materialized path
@@ -169,3 +180,9 @@ class Block(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x)))
         x = x + self.drop_path(self.mlp(self.norm2(x)))
         return x
+
+    def forward_cls(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, 1, D)
+        "`forward(x)[:, :1]`, computing only what the first (cls) token's output needs."
+        y = self.norm1(x)                                           # (B, N, D): every token is a key and a value
+        x = x[:, :1] + self.drop_path(self.attn.forward_cls(y))    # (B, 1, D)
+        return x + self.drop_path(self.mlp(self.norm2(x)))

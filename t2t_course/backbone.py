@@ -88,6 +88,7 @@ class Backbone(nn.Module):
             for dpr in drop_path_rates(drop_path_rate, depth)])
         self.norm = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.fused_attn = True  # fast path of `forward`: the last block computes the cls token only
 
     def init_weights(self):
         "Initialise the whole model as the official code does (call once the tokenizer is added)."
@@ -108,10 +109,14 @@ class Backbone(nn.Module):
                          f"{n - 1}: build it for the new image size and load the checkpoint through checkpoint_filter_fn, "
                          f"which resizes the table")
 
-    def forward_features(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D), normed
+    def _sequence(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D)
+        "Tokens, with the cls token in front and the position table added: the blocks' input."
         x = self.embed_tokens(x)                                              # (B, N, D)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, N+1, D)
-        x = self.pos_drop(x + self.position_table(x.shape[1]))
+        return self.pos_drop(x + self.position_table(x.shape[1]))
+
+    def forward_features(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D), normed
+        x = self._sequence(x)
         for blk in self.blocks: x = blk(x)                                    # (B, N+1, D)
         return self.norm(x)
 
@@ -121,7 +126,11 @@ class Backbone(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, num_classes)
-        return self.forward_head(self.forward_features(x))
+        "`forward_head(forward_features(x))`; the fast path computes only the cls token in the last block."
+        if not (self.fused_attn and len(self.blocks)): return self.forward_head(self.forward_features(x))
+        x = self._sequence(x)
+        for blk in self.blocks[:-1]: x = blk(x)                               # (B, N+1, D)
+        return self.forward_head(self.norm(self.blocks[-1].forward_cls(x)))  # (B, 1, D) -> (B, num_classes)
 
     def get_classifier(self) -> nn.Module: return self.head
 
@@ -173,9 +182,10 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
     ln_elems = []
     hooks = [m.register_forward_hook(lambda m, i, o: ln_elems.append(i[0].numel()))
              for m in model.modules() if isinstance(m, nn.LayerNorm)]
-    was_training = model.training
+    was_training, shortcut = model.training, getattr(model, 'fused_attn', None)
     try:
         model.eval()
+        if isinstance(model, Backbone): model.fused_attn = False  # count every token through every block, as fvcore did
         if inputs is None:
             p = next(model.parameters())
             inputs = torch.zeros(1, in_chans, *to_2tuple(img_size, 'img_size'), device=p.device, dtype=p.dtype)
@@ -189,6 +199,7 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
     finally:
         for h in hooks: h.remove()
         model.train(was_training)
+        if isinstance(model, Backbone): model.fused_attn = shortcut
     counts, root = fc.get_flop_counts(), type(model).__name__
     products = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_dot_product_flash_attention_for_cpu,
                 aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from .core import to_2tuple, check_image_batch
-from .soft_split import SoftSplit, restructurize, T2T_SOFT_SPLITS
+from .soft_split import SoftSplit, restructurize, soft_split_fast, T2T_SOFT_SPLITS
 from .t2t_layer import TokenTransformer
 from .performer import TokenPerformer
 
@@ -44,6 +44,7 @@ class T2TModule(nn.Module):
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
         self.grid_size = self.grid_size_for(self.img_size)           # (H/16, W/16) rounded up, e.g. (14, 14)
         self.num_patches = self.grid_size[0] * self.grid_size[1]     # tokens at img_size, e.g. 196
+        self.fused_attn = True                                       # fast path: one-copy soft splits on token maps
 
     def grid_size_for(self, size) -> tuple:
         "The output token grid `(H_o, W_o)` for an input of `size` (int or (H, W)); the module outputs H_o * W_o tokens."
@@ -55,6 +56,7 @@ class T2TModule(nn.Module):
         check_image_batch(x, 'input')
         if x.shape[1] != self.in_chans:
             raise ValueError(f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
+        if self.fused_attn: return self._forward_fast(x)
         grid0 = self.soft_split0.output_size(x.shape[-2:])
         x = self.soft_split0(x)                                       # (B, H0*W0, C*7*7)
         x = self.attention1(x)                                        # (B, H0*W0, token_dim)
@@ -64,4 +66,17 @@ class T2TModule(nn.Module):
         x = self.attention2(x)                                        # (B, H1*W1, token_dim)
         x = restructurize(x, grid1)                                   # (B, token_dim, H1, W1)
         x = self.soft_split2(x)                                       # (B, H2*W2, token_dim*3*3)
+        return self.project(x)                                        # (B, N, D)
+
+    def _forward_fast(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
+        "The same computation with `soft_split_fast`: tokens gathered in token order, token maps never re-structurized."
+        def split(ss, t, channels_last=False):
+            return soft_split_fast(t, ss.kernel_size, ss.stride, ss.padding, channels_last=channels_last)
+        B = x.shape[0]
+        H0, W0 = self.soft_split0.output_size(x.shape[-2:])
+        H1, W1 = self.soft_split1.output_size((H0, W0))
+        x = self.attention1(split(self.soft_split0, x))              # (B, H0*W0, token_dim)
+        x = split(self.soft_split1, x.reshape(B, H0, W0, -1), True)   # (B, H1*W1, token_dim*3*3): the grid is a view
+        x = self.attention2(x)                                        # (B, H1*W1, token_dim)
+        x = split(self.soft_split2, x.reshape(B, H1, W1, -1), True)   # (B, H2*W2, token_dim*3*3)
         return self.project(x)                                        # (B, N, D)

@@ -261,3 +261,24 @@ def test_macs_match_official(name, img_size):
 def test_count_macs_fake_equals_real():
     model = create_model('t2t_vit_7', img_size=64)
     assert count_macs(model, 64) == count_macs(model, 64, fake=False)
+
+
+@pytest.mark.parametrize('tokens_type', ['performer', 'transformer'])
+def test_fast_path_equals_naive_path_in_training(tokens_type):
+    "The default path (SDPA, Performer matmuls, cls-only last block) and the official computation: same loss and gradients."
+    torch.manual_seed(0)
+    fast = T2TViT(**dict(TINY, tokens_type=tokens_type, drop_path_rate=0.2)).train()
+    naive = set_fused_attn(T2TViT(**dict(TINY, tokens_type=tokens_type, drop_path_rate=0.2)).train(), False)
+    naive.load_state_dict(fast.state_dict())
+    for m in (fast, naive):  # the Performer's hard-coded dropouts off: their masks would differ between the paths
+        for mod in m.modules():
+            if isinstance(mod, nn.Dropout): mod.p = 0.
+    x, y = torch.randn(4, 3, 64, 64), torch.tensor([1, 2, 3, 4])
+    results = []
+    for m in (fast, naive):
+        torch.manual_seed(1)  # the same drop-path draws
+        loss = nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    for n, g in results[0][1].items(): torch.testing.assert_close(g, results[1][1][n], atol=1e-5, rtol=1e-4, msg=n)

@@ -10,7 +10,7 @@ import torch
 
 from t2t_course.core import to_2tuple
 from t2t_course.hard_split import hard_split, PatchEmbed
-from t2t_course.soft_split import (soft_split, soft_split_size, restructurize, SoftSplit, t2t_grid_sizes,
+from t2t_course.soft_split import (soft_split, soft_split_fast, soft_split_size, restructurize, SoftSplit, t2t_grid_sizes,
                                    coverage, T2T_SOFT_SPLITS)
 
 
@@ -66,6 +66,9 @@ def test_soft_split_matches_reference(seed):
         assert soft_split_size(shape[-2:], (kh, kw), (sh, sw), (ph, pw)) == (ref_size(shape[2], kh, sh, ph),
                                                                             ref_size(shape[3], kw, sw, pw))
         assert torch.equal(SoftSplit((kh, kw), (sh, sw), (ph, pw))(img), expected)
+        assert torch.equal(soft_split_fast(img, (kh, kw), (sh, sw), (ph, pw)), expected)
+        channels_last = img.permute(0, 2, 3, 1).contiguous()  # (B, H, W, C), as tokens viewed on their grid
+        assert torch.equal(soft_split_fast(channels_last, (kh, kw), (sh, sw), (ph, pw), channels_last=True), expected)
         if kh == kw and sh == sw and ph == pw and shape[2] == shape[3]:
             assert soft_split(img, kh, sh, ph).equal(expected)  # int arguments mean square
 
@@ -147,6 +150,9 @@ def test_coverage_against_window_count():
     (lambda: soft_split_size(-4, 3, 1), "size must be positive"),
     (lambda: soft_split_size((8, 0), 3, 1), "size must be positive"),
     (lambda: SoftSplit(3, 0), "stride must be positive"),
+    (lambda: soft_split_fast(torch.randn(1, 3, 4, 9), 7, 1, 1), "kernel_size 7 is larger than the padded input 6 along the height"),
+    (lambda: soft_split_fast(torch.randn(1, 4, 9, 3), 7, 1, 1, channels_last=True), "larger than the padded input 6 along the height"),
+    (lambda: soft_split_fast(torch.randn(4, 9, 3), 3, 1), "x must be a 4-D batch"),
     (lambda: hard_split(torch.randn(1, 3, 30, 32), 16), "does not divide the image size 30 x 32"),
     (lambda: hard_split(torch.randn(1, 3, 32, 32), 0), "patch_size must be positive"),
     (lambda: hard_split(torch.randn(32, 32), 16), "must be a 4-D batch"),
