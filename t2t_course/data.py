@@ -500,11 +500,11 @@ def prepare_val_cli(argv=None):
     verb = {'move': 'moved', 'copy': 'copied', 'symlink': 'linked'}[counts['mode']]
     print(f"{'dry run: would have ' if counts['dry_run'] else ''}{verb} {counts['placed']} images into {counts['classes']} "
           f"class folders under {counts['dest']}; {counts['already']} already in place; {counts['labels']} labels")
-    return counts
+    return 0  # the exit status: a console script passes the return value to sys.exit
 
 # %% ../nbs/09_data.ipynb #b9f0a630
 def _in_ipython() -> bool:
     ip = sys.modules.get('IPython')
     return ip is not None and getattr(ip, 'get_ipython', lambda: None)() is not None
 
-if __name__ == '__main__' and not _in_ipython(): prepare_val_cli()
+if __name__ == '__main__' and not _in_ipython(): sys.exit(prepare_val_cli())

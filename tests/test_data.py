@@ -566,8 +566,8 @@ def test_prepare_val_errors(labels, tmp_path):
 def test_prepare_val_cli(labels, tmp_path, capsys):
     paths, expected = labels
     val = _flat_val(tmp_path / 'val')
-    counts = prepare_val_cli([str(val), str(paths['gt']), '--meta', str(paths['meta']), '--dry-run'])
-    assert counts['dry_run'] and 'dry run: would have moved 7 images into 4 class folders' in capsys.readouterr().out
+    assert prepare_val_cli([str(val), str(paths['gt']), '--meta', str(paths['meta']), '--dry-run']) == 0  # exit status
+    assert 'dry run: would have moved 7 images into 4 class folders' in capsys.readouterr().out
     with pytest.raises(SystemExit) as e: prepare_val_cli([str(val), str(tmp_path / 'nope.txt')])
     assert e.value.code == 2 and 'nope.txt does not exist' in capsys.readouterr().err
     with pytest.raises(SystemExit): prepare_val_cli([str(val), str(paths['csv']), '--copy', '--symlink'])
