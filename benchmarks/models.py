@@ -1,6 +1,6 @@
 """Whole-model speed and memory: the library's default path against the naive reference path, same weights.
 
-    python benchmarks/models.py                  # CPU fp32, batch 8 at 224 px (about 5 minutes on 2 cores)
+    python benchmarks/models.py                  # CPU fp32, batch 8 at 224 px (1-3 minutes on 2 cores)
     python benchmarks/models.py --quick          # fewer repetitions, a smoke run of every measurement
     python benchmarks/models.py --device cuda    # on a GPU
 

@@ -10,7 +10,7 @@ __all__ = ['IMG_EXTENSIONS', 'DIGITS_MARKER', 'DATA_PRESETS', 'BadImageError', '
            'prepare_val_cli']
 
 # %% ../nbs/09_data.ipynb #d009347b
-import argparse, csv, io, json, os, shutil, sys, tarfile, tempfile
+import argparse, csv, io, json, os, shutil, signal, sys, tarfile, tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, DataLoader, default_collate
 from torchvision.transforms import v2
 from PIL import Image
 
-from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir
+from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir, in_ipython
 
 # %% ../nbs/09_data.ipynb #7a508d6c
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
@@ -185,8 +185,12 @@ def create_loader(dataset, batch_size:int,      # samples per batch (per process
     "A `DataLoader` whose batches are `Batch(images, targets, skipped)` (see `collate_skip_bad`)."
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
                       num_workers=num_workers, collate_fn=collate_skip_bad, drop_last=drop_last,
-                      pin_memory=pin_memory, generator=generator,
+                      pin_memory=pin_memory, generator=generator, worker_init_fn=_worker_ignores_sigterm,
                       persistent_workers=persistent_workers and num_workers > 0)
+
+def _worker_ignores_sigterm(worker_id:int):
+    "Loader workers ignore SIGTERM: a stop sent to the whole process group (Slurm, `kill -TERM -PGID`) is the main process's to handle; it shuts its workers down."
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 # %% ../nbs/09_data.ipynb #2bc24911
 def mean_fill(mean=IMAGENET_DEFAULT_MEAN) -> tuple:
@@ -503,8 +507,4 @@ def prepare_val_cli(argv=None):
     return 0  # the exit status: a console script passes the return value to sys.exit
 
 # %% ../nbs/09_data.ipynb #b9f0a630
-def _in_ipython() -> bool:
-    ip = sys.modules.get('IPython')
-    return ip is not None and getattr(ip, 'get_ipython', lambda: None)() is not None
-
-if __name__ == '__main__' and not _in_ipython(): sys.exit(prepare_val_cli())
+if __name__ == '__main__' and not in_ipython(): sys.exit(prepare_val_cli())

@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['MODEL_SPECS', 'T2TViT', 'register_model', 'list_models', 'weights_dir', 'create_model', 't2t_vit_7', 't2t_vit_10',
            't2t_vit_12', 't2t_vit_14', 't2t_vit_19', 't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24',
-           't2t_vit_14_384', 'resize_pos_embed', 'checkpoint_filter_fn', 'load_checkpoint']
+           't2t_vit_14_384', 'checkpoint_state_dicts', 'resize_pos_embed', 'checkpoint_filter_fn', 'read_checkpoint',
+           'load_checkpoint']
 
 # %% ../nbs/08_models.ipynb #37403936
 import argparse, difflib, fnmatch, math, os, re, warnings
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir
 from .t2t_module import T2TModule
-from .backbone import Backbone, get_sinusoid_encoding, count_macs
+from .backbone import Backbone, get_sinusoid_encoding, is_sinusoid_table, count_macs
 
 # %% ../nbs/08_models.ipynb #8072ee44
 class T2TViT(Backbone):
@@ -171,12 +172,19 @@ def t2t_vit_14_384(pretrained=False, **kwargs):
     return _create('t2t_vit_14_384', pretrained, **kwargs)
 
 # %% ../nbs/08_models.ipynb #b4b65b23
-def _unwrap(checkpoint:dict) -> dict:
-    "The state_dict inside a checkpoint: state_dict_ema, state_dict, model or net (in that order), else the dict itself."
+def checkpoint_state_dicts(checkpoint:dict) -> dict:
+    "The state_dicts a checkpoint holds, prefixes stripped: {'weights': ..., 'EMA': ...} (EMA only if present)."
     if not isinstance(checkpoint, dict): raise TypeError(f"a checkpoint must be a dict, got {type(checkpoint).__name__}")
-    for key in ('state_dict_ema', 'state_dict', 'model', 'net'):
-        if isinstance(checkpoint.get(key), dict) and checkpoint[key]: return checkpoint[key]
-    return checkpoint
+    out = {}
+    for key, name in (('state_dict', 'weights'), ('model', 'weights'), ('net', 'weights'), ('state_dict_ema', 'EMA')):
+        if isinstance(checkpoint.get(key), dict) and checkpoint[key] and name not in out: out[name] = checkpoint[key]
+    if not out: out['weights'] = checkpoint  # a bare state_dict
+    return {k: _strip_prefixes(v) for k, v in out.items()}
+
+def _unwrap(checkpoint:dict, use_ema:bool=True) -> dict:
+    "The state_dict to load: the EMA if the checkpoint has one and `use_ema`, else the raw weights."
+    sds = checkpoint_state_dicts(checkpoint)
+    return sds['EMA'] if use_ema and 'EMA' in sds else sds.get('weights', sds.get('EMA'))
 
 def _strip_prefixes(state_dict:dict) -> dict:
     out = {}
@@ -184,10 +192,6 @@ def _strip_prefixes(state_dict:dict) -> dict:
         while k.startswith(('module.', '_orig_mod.')): k = k.split('.', 1)[1]  # DDP and torch.compile wrappers, any order
         out[k] = v
     return out
-
-def _is_sinusoid(table:torch.Tensor) -> bool:
-    "Is `table` (1, n, D) the fixed sinusoid position table?"
-    return torch.allclose(table.float().cpu(), get_sinusoid_encoding(table.shape[1], table.shape[2]), atol=1e-5)
 
 def resize_pos_embed(pos_embed:torch.Tensor,  # (1, 1 + h*w, D): cls row, then a square h x w grid, row-major
                      new_grid,                # (H, W) of the new table
@@ -219,14 +223,15 @@ def _guess_variant(state_dict:dict) -> str:
 
 def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings above) or a bare state_dict
                          model:nn.Module,   # the model it is for
+                         use_ema:bool=True, # take the EMA weights when the checkpoint has them
                         ) -> dict:          # a state_dict that `model.load_state_dict` accepts (head left out if dropped)
     "Convert an official (or our own) T2T-ViT checkpoint for `model`: unwrap, strip prefixes, fit pos_embed, drop a foreign head."
-    sd = _strip_prefixes(_unwrap(state_dict))
+    sd = dict(_unwrap(state_dict, use_ema))
     target = model.state_dict()
     if 'pos_embed' in sd and 'pos_embed' in target and sd['pos_embed'].shape != target['pos_embed'].shape:
         pe, tgt = sd['pos_embed'], target['pos_embed']
         if pe.ndim == 3 and pe.shape[-1] == tgt.shape[-1]:
-            if _is_sinusoid(pe): sd['pos_embed'] = get_sinusoid_encoding(tgt.shape[1], tgt.shape[2]).to(pe.dtype)
+            if is_sinusoid_table(pe): sd['pos_embed'] = get_sinusoid_encoding(tgt.shape[1], tgt.shape[2]).to(pe.dtype)
             else:
                 grid = getattr(getattr(model, 'tokens_to_token', None), 'grid_size', None) or math.isqrt(tgt.shape[1] - 1)
                 sd['pos_embed'] = resize_pos_embed(pe, grid)
@@ -254,18 +259,23 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
     return sd
 
 # %% ../nbs/08_models.ipynb #a2273133
+def read_checkpoint(path, map_location='cpu') -> dict:
+    "Read a checkpoint file with `weights_only=True` (tensors and plain data; the official files' Namespace allowed)."
+    path = Path(path)
+    if not path.is_file(): raise FileNotFoundError(f"no checkpoint file at {path}")
+    if hasattr(torch.serialization, 'safe_globals'):
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    if hasattr(torch.serialization, 'add_safe_globals'): torch.serialization.add_safe_globals([argparse.Namespace])
+    return torch.load(path, map_location=map_location, weights_only=True)
+
 def load_checkpoint(model:nn.Module,     # the model to load into
                     path,                # a checkpoint file (official .pth.tar, ours, or a bare state_dict)
                     map_location='cpu',  # where to put the tensors while loading
+                    use_ema:bool=True,   # load the EMA weights when the checkpoint has them
                    ) -> nn.Module:       # `model`, loaded
     "Load a checkpoint file into `model` through `checkpoint_filter_fn`; a dropped head is the only key left missing."
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no checkpoint file at {path}")
-    safe = [argparse.Namespace]
-    if hasattr(torch.serialization, 'safe_globals'):
-        with torch.serialization.safe_globals(safe): checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    else: checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-    sd = checkpoint_filter_fn(checkpoint, model)
+    sd = checkpoint_filter_fn(read_checkpoint(path, map_location), model, use_ema)
     result = model.load_state_dict(sd, strict=False)
     if result.unexpected_keys or any(not k.startswith('head.') for k in result.missing_keys):  # the filter guarantees this
         raise RuntimeError(f"incomplete load of {path}: {result}")

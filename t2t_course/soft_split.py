@@ -92,7 +92,7 @@ def soft_split_fast(x:torch.Tensor,           # images (B, C, H, W), or a token 
                     kernel_size, stride, padding=0,  # k, stride, p: ints or pairs, as for `soft_split`
                     channels_last:bool=False  # True: `x` is (B, H, W, C), e.g. tokens (B, H*W, C) viewed on their grid
                    ) -> torch.Tensor:         # tokens (B, L, C*k*k), contiguous, equal to `soft_split` of the image
-    "The soft split as one strided gather into token-major order (no im2col, no transposed copy)."
+    "The soft split as a strided gather into token-major order (zero padding, then one copy; no im2col, no transpose copy)."
     check_image_batch(x, 'x')
     H, W = (x.shape[1], x.shape[2]) if channels_last else (x.shape[2], x.shape[3])
     (Ho, Wo), (kh, kw) = soft_split_size((H, W), kernel_size, stride, padding), to_2tuple(kernel_size, 'kernel_size')
@@ -101,10 +101,10 @@ def soft_split_fast(x:torch.Tensor,           # images (B, C, H, W), or a token 
     if channels_last:
         x = F.pad(x, (0, 0, pw, pw, ph, ph))                          # (B, H+2p, W+2p, C), zeros
         w = x.unfold(1, kh, sh).unfold(2, kw, sw)                     # (B, Ho, Wo, C, kh, kw), a view
-        return w.reshape(B, Ho * Wo, -1)                              # (B, L, C*kh*kw), one copy
+        return w.reshape(B, Ho * Wo, -1)                              # (B, L, C*kh*kw): the gather
     x = F.pad(x, (pw, pw, ph, ph))                                    # (B, C, H+2p, W+2p), zeros
     w = x.unfold(2, kh, sh).unfold(3, kw, sw)                         # (B, C, Ho, Wo, kh, kw), a view
-    return w.permute(0, 2, 3, 1, 4, 5).reshape(B, Ho * Wo, -1)       # (B, L, C*kh*kw), one copy
+    return w.permute(0, 2, 3, 1, 4, 5).reshape(B, Ho * Wo, -1)       # (B, L, C*kh*kw): the gather
 
 # %% ../nbs/02_soft_split.ipynb #68024dd9
 def coverage(size, kernel_size, stride, padding=0) -> torch.Tensor:

@@ -42,7 +42,7 @@ class T2TModule(nn.Module):
             self.attention1 = TokenPerformer(dim=in_chans * k0 * k0, in_dim=token_dim, kernel_ratio=0.5)
             self.attention2 = TokenPerformer(dim=token_dim * k1 * k1, in_dim=token_dim, kernel_ratio=0.5)
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
-        self.grid_size = self.grid_size_for(self.img_size)           # (H/16, W/16) rounded up, e.g. (14, 14)
+        self.grid_size = self.grid_size_for(self.img_size)           # about (H/16, W/16), e.g. (14, 14) at 224 px
         self.num_patches = self.grid_size[0] * self.grid_size[1]     # tokens at img_size, e.g. 196
         self.fused_attn = True                                       # fast path: one-copy soft splits on token maps
 

@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-from .core import set_seed
-from .models import create_model, list_models, checkpoint_filter_fn, MODEL_SPECS
+from .core import set_seed, in_ipython
+from .models import create_model, list_models, checkpoint_filter_fn, checkpoint_state_dicts, read_checkpoint, MODEL_SPECS
 from .data import (DATA_PRESETS, BadImageError, BadImageLog, ImageFolderDataset, MixupCutmix,
                              create_datasets, create_eval_transform, create_loader, create_loss, digits_folder)
 
@@ -136,7 +136,8 @@ class WarmupCosineSchedule:
     def get_last_lr(self) -> list: return [g['lr'] for g in self.optimizer.param_groups]
     def state_dict(self) -> dict: return {k: v for k, v in vars(self).items() if k != 'optimizer'}
     def load_state_dict(self, sd:dict):
-        vars(self).update(sd)
+        "Continue at the saved step; the shape of the schedule (peak, warm-up, length) stays this run's."
+        self.last_step = sd['last_step']
         self._set(self.lr_at(self.last_step))
 
 # %% ../nbs/10_train.ipynb #bd6da58f
@@ -168,14 +169,21 @@ class ModelEma:
 # %% ../nbs/10_train.ipynb #a2bf0357
 def amp_dtype(amp:str,                 # 'auto', 'bf16', 'fp16' or 'off'
               device:torch.device):
-    "The autocast dtype for `amp` on `device` ('auto': bfloat16 on CUDA, none on the CPU), or None."
-    if amp == 'auto': return torch.bfloat16 if device.type == 'cuda' else None
+    "The autocast dtype for `amp` on `device` ('auto': bfloat16 on a GPU that has it, else float16; none on the CPU), or None."
+    if amp == 'auto':
+        if device.type != 'cuda': return None
+        return torch.bfloat16 if _native_bf16(device) else torch.float16  # pre-Ampere GPUs: fp16 with a GradScaler
     if amp == 'off': return None
     if amp == 'bf16': return torch.bfloat16
     if amp == 'fp16':
         if device.type != 'cuda': raise SetupError("amp 'fp16' needs a CUDA GPU (use 'bf16' or 'off' on the CPU)")
         return torch.float16
     raise SetupError(f"amp must be 'auto', 'bf16', 'fp16' or 'off', got {amp!r}")
+
+def _native_bf16(device:torch.device) -> bool:
+    "Whether the GPU computes in bfloat16 natively (Ampere and newer), not by emulation."
+    try: return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError: return torch.cuda.get_device_capability(device)[0] >= 8  # older torch: no emulation argument
 
 def create_grad_scaler(dtype, device:torch.device):
     "A GradScaler, enabled only for float16 autocast (bfloat16 has float32's exponent range and needs none)."
@@ -336,6 +344,9 @@ def setup_distributed(device:str='auto') -> DistEnv:
     "Read torchrun's WORLD_SIZE, RANK and LOCAL_RANK; join the process group (NCCL on GPUs, gloo on CPUs) or stay single."
     world, rank, local = _env_int('WORLD_SIZE', 1), _env_int('RANK', 0), _env_int('LOCAL_RANK', 0)
     if not 0 <= rank < world: raise SetupError(f"RANK={rank} is not in [0, WORLD_SIZE={world})")
+    if world > 1 and device.startswith('cuda:'):
+        raise SetupError(f"--device {device} under torchrun would put every process on one GPU: use --device cuda (or auto), "
+                         f"each process takes the GPU of its LOCAL_RANK")
     dev = resolve_device(device, local)
     if dev.type == 'cuda': torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
@@ -380,13 +391,10 @@ def save_checkpoint(state:dict, path) -> Path:
     return path
 
 def load_checkpoint_file(path) -> dict:
-    "Load a checkpoint (ours or official) on the CPU: tensors and plain containers only (`weights_only`)."
+    "Load a checkpoint (ours or official) on the CPU with chapter 08's `read_checkpoint` (`weights_only`); errors as `SetupError`."
     path = Path(path)
     if not path.is_file(): raise SetupError(f"no checkpoint file at {path}")
-    try:
-        if hasattr(torch.serialization, 'safe_globals'):  # the official files hold an argparse.Namespace
-            with torch.serialization.safe_globals([argparse.Namespace]): return torch.load(path, map_location='cpu', weights_only=True)
-        return torch.load(path, map_location='cpu', weights_only=True)
+    try: return read_checkpoint(path)
     except Exception as e:
         raise SetupError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
 
@@ -517,6 +525,8 @@ class TrainConfig:
         for k in ('data', 'output', 'resume', 'pretrained'):  # paths as plain strings: the config goes into checkpoints
             if vals[k] is not None: vals[k] = str(vals[k])
         if vals['img_size'] is None: vals['img_size'] = MODEL_SPECS[vals['model']][3] if vals['model'] in MODEL_SPECS else 224
+        if vals['output'] is None and vals['resume'] not in (None, 'auto'):  # continue in the checkpoint's own folder
+            vals['output'] = str(Path(vals['resume']).parent)
         if vals['output'] is None:  # runs/<model>-<data>, numbered -2, -3, ... so that a new run never meets an old one
             base = Path('runs') / f"{vals['model']}-{'digits' if vals['data'] is None else Path(vals['data']).name}"
             runs = [base] + [base.with_name(f'{base.name}-{i}') for i in range(2, 10_000)]
@@ -584,7 +594,8 @@ class TrainResult:
     epochs_done: int
     interrupted: int = 0             # the number of the signal that stopped the run, 0 if it finished
     elapsed_s: float = 0.            # wall-clock seconds of this process's run
-    bad_images: BadImageLog = None   # the images skipped, over all processes
+    bad_images: BadImageLog = None   # the training images skipped, over all processes
+    bad_val_images: BadImageLog = None  # the validation images skipped (left out of the accuracy), over all processes
     @property
     def exit_code(self) -> int: return 128 + self.interrupted if self.interrupted else 0
 
@@ -626,13 +637,18 @@ class Trainer:
         self._build_model()
         self.epoch, self.batch, self.step = 0, 0, 0  # the epoch in progress, its steps done, steps done in all
         self.history, self.partial, self.best, self.elapsed_before = [], None, None, 0.
-        self.bad_log = BadImageLog()
+        self.bad_log, self.val_bad_log, self.val_counted = BadImageLog(), BadImageLog(), False
         self.kill_at, self.nan_at = _debug_step('T2T_TRAIN_DEBUG_SIGTERM_AT_STEP'), _debug_step('T2T_TRAIN_DEBUG_NAN_AT_STEP')
         resume = self.last_path if cfg.resume == 'auto' else (Path(cfg.resume) if cfg.resume else None)
         if resume is not None and resume.is_file(): self.load(resume)
         else:
             if cfg.resume == 'auto': self.log(f"no checkpoint in {self.out}: starting from scratch")
             set_seed(cfg.seed + self.env.rank)  # the training stream (mixing, drop path) differs between processes
+        if self.env.distributed:  # every process must continue from the same place
+            where = all_gather_objects((self.epoch, self.batch, self.step))
+            if len(set(where)) > 1:
+                raise SetupError(f"the processes resumed from different points ({where}, as (epoch, batch, step) per rank): "
+                                 f"--output must be a folder every node sees (a shared file system)")
         self.model = self.raw_model
         if self.env.distributed:  # pos_embed and w never change: no need to broadcast the buffers before every forward
             ddp_params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
@@ -682,12 +698,13 @@ class Trainer:
     def state_dict(self, partial:dict=None) -> dict:
         "Everything needed to continue exactly (under DDP a collective call: it gathers every process's generator states)."
         rngs, ema = all_gather_objects(rng_state(self.dev)), self.ema
+        partial = all_gather_objects(partial) if partial is not None else None  # every process's running loss sums
         return dict(state_dict=self.raw_model.state_dict(), state_dict_ema=ema.module.state_dict() if ema else None,
                     ema={k: v for k, v in ema.state_dict().items() if k != 'module'} if ema else None,
                     optimizer=self.optimizer.state_dict(), scheduler=self.schedule.state_dict(), scaler=self.scaler.state_dict(),
                     epoch=self.epoch, batch=self.batch, step=self.step, partial=partial, history=self.history, best=self.best,
                     elapsed=self.elapsed_before + time.perf_counter() - self.t_start, world_size=self.env.world_size,
-                    rng=rngs, config=asdict(self.cfg), classes=self.classes, version=1)
+                    rng=rngs, config=asdict(self.cfg), classes=self.classes, version=2)
 
     def save(self, partial:dict=None, best:bool=False):
         "Write last.pth (and best.pth, the weights only) atomically, on rank 0."
@@ -711,11 +728,21 @@ class Trainer:
             raise SetupError(f"cannot resume {path} in the middle of an epoch with another batch: it ran {old.get('batch_size')} "
                              f"per process x {ck['world_size']}, this run {cfg.batch_size} x {self.env.world_size}")
         self.raw_model.load_state_dict(ck['state_dict'])
-        if self.ema is not None and ck.get('ema'): self.ema.load_state_dict(dict(ck['ema'], module=ck['state_dict_ema']))
-        self.optimizer.load_state_dict(ck['optimizer'])
-        self.schedule.load_state_dict(ck['scheduler'])
+        if self.ema is not None and ck.get('ema'):
+            self.ema.load_state_dict(dict(ck['ema'], module=ck['state_dict_ema']))
+            self.ema.decay = cfg.ema_decay                      # this run's decay, the saved update count
+        decays = [g['weight_decay'] for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(ck['optimizer'])         # the moments; then this run's hyper-parameters again
+        for g, wd in zip(self.optimizer.param_groups, decays): g['weight_decay'] = wd
+        changed = [f"{k} {ck['scheduler'][k]:g} -> {getattr(self.schedule, k):g}" for k in
+                   ('peak_lr', 'warmup_steps', 'decay_steps', 'min_lr', 'warmup_lr') if ck['scheduler'].get(k) != getattr(self.schedule, k)]
+        if changed: self.log(f"note: the learning-rate schedule differs from the checkpoint's ({', '.join(changed)}): "
+                             f"continuing at step {ck['scheduler']['last_step']} of this run's schedule")
+        self.schedule.load_state_dict(ck['scheduler'])          # the step count only
         if ck['scaler']: self.scaler.load_state_dict(ck['scaler'])
-        self.epoch, self.batch, self.step, self.partial = ck['epoch'], ck['batch'], ck['step'], ck['partial']
+        partial = ck['partial']  # per process since version 2 (a list), the main process's only before
+        if isinstance(partial, list): partial = partial[self.env.rank] if len(partial) == self.env.world_size else None
+        self.epoch, self.batch, self.step, self.partial = ck['epoch'], ck['batch'], ck['step'], partial
         self.history, self.best, self.elapsed_before = ck['history'], ck['best'], ck['elapsed']
         if ck['world_size'] == self.env.world_size: set_rng_state(ck['rng'][self.env.rank], self.dev)
         else: set_seed(cfg.seed + 1000 * self.epoch + self.env.rank)  # another process count: a fresh stream
@@ -777,7 +804,8 @@ class Trainer:
                     self.batch += 1; self.step += 1
                     bar.update(1)
                     if self.kill_at == self.step:  # debug hook: a real signal when a handler is installed
-                        if stop.installed: os.kill(os.getpid(), signal.SIGTERM)
+                        if stop.installed and os.environ.get('T2T_TRAIN_DEBUG_SIGTERM_GROUP'): os.killpg(os.getpgrp(), signal.SIGTERM)
+                        elif stop.installed: os.kill(os.getpid(), signal.SIGTERM)
                         else: stop.signum = signal.SIGTERM
                     last = self.batch == self.steps_per_epoch
                     if last or self.batch % self.sync_every == 0 or (stop.requested and not env.distributed):
@@ -787,6 +815,11 @@ class Trainer:
                         if stopping and not last:
                             self.save(partial=dict(loss_sum=loss_sum, n=n_seen))
                             return stopping
+        except RuntimeError as e:  # a signal to the whole process group also reached (and killed) a loader worker
+            if not (stop.requested and 'DataLoader worker' in str(e)): raise
+            loss_sum, n_seen, stopping = self._sync(window, loss_sum, n_seen, stop)
+            self.save(partial=dict(loss_sum=loss_sum, n=n_seen))
+            return stopping or int(stop.signum)
         finally:
             bar.close()
         self.epoch_loss = (loss_sum, n_seen)
@@ -799,7 +832,9 @@ class Trainer:
         skipped = all_reduce_sum(torch.tensor([float(self.bad_log.count)], device=self.dev)).item()
         row = dict(epoch=self.epoch + 1, step=self.step, lr=self.schedule.lr_at(self.step - 1),
                    train_loss=loss_sum / n if n else float('nan'))
-        m = evaluate(self.raw_model, self.val_dl, self.dev, self.dtype)  # not through DDP: shards may differ in length
+        first = not self.val_counted  # count the validation set's bad images once per process, not every epoch
+        m = evaluate(self.raw_model, self.val_dl, self.dev, self.dtype, self.val_bad_log if first else None)  # no DDP: shards differ
+        self.val_counted = True
         row.update(val_loss=m['loss'], val_acc1=m['acc1'], val_acc5=m['acc5'])
         if self.ema is not None and cfg.eval_ema:
             m = evaluate(self.ema.module, self.val_dl, self.dev, self.dtype)
@@ -859,11 +894,13 @@ class Trainer:
         return self._result(interrupted)
 
     def _result(self, interrupted:int) -> TrainResult:
-        elapsed, bad = time.perf_counter() - self.t_start, BadImageLog()
+        elapsed, bad, val_bad = time.perf_counter() - self.t_start, BadImageLog(), BadImageLog()
         for log in all_gather_objects(self.bad_log): bad.merge(log)
+        for log in all_gather_objects(self.val_bad_log): val_bad.merge(log)
         r = TrainResult(self.cfg, self.history[-1] if self.history else {}, self.history, self.out, self.last_path,
-                        self.best_path, self.csv_path, self.fig_path, self.epoch, interrupted, elapsed, bad)
-        if bad.count: self.log(bad.report())
+                        self.best_path, self.csv_path, self.fig_path, self.epoch, interrupted, elapsed, bad, val_bad)
+        if bad.count: self.log('training: ' + bad.report())
+        if val_bad.count: self.log('validation (not counted in the accuracy): ' + val_bad.report())
         if interrupted:
             self.log(f"stopped by {signal.Signals(interrupted).name} in epoch {self.epoch + (1 if self.batch else 0)} after "
                      f"{self.batch or self.steps_per_epoch} of its {self.steps_per_epoch} steps: checkpoint saved to "
@@ -1022,18 +1059,6 @@ def main(argv=None) -> int:
     return result.exit_code
 
 # %% ../nbs/10_train.ipynb #15afa0bb
-def _unwrap_foreign(ck:dict) -> dict:
-    "The state_dicts an official-style checkpoint holds: {'weights': ..., 'EMA': ...} (EMA only if present)."
-    out = {}
-    for key, name in (('state_dict', 'weights'), ('model', 'weights'), ('net', 'weights'), ('state_dict_ema', 'EMA')):
-        if isinstance(ck.get(key), dict) and ck[key] and name not in out: out[name] = ck[key]
-    return out or {'weights': ck}
-
-def _head_classes(sd:dict):
-    for k, v in sd.items():
-        if k.split('module.')[-1].split('_orig_mod.')[-1] == 'head.weight': return v.shape[0]
-    return None
-
 def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, or an official / foreign one
                         data=None,                # an ImageNet-layout folder (its val/) or a split folder; None: the run's data
                         model:str=None,           # architecture (needed for foreign checkpoints)
@@ -1061,8 +1086,9 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, or a
     else:
         if model is None: raise SetupError(f"{checkpoint} is not a t2t_train checkpoint: name its architecture with --model (e.g. t2t_vit_14)")
         if data is None: raise SetupError(f"{checkpoint} is not a t2t_train checkpoint: pass the validation folder with --data")
-        sds, classes = _unwrap_foreign(ck), None
-        num_classes = _head_classes(next(iter(sds.values())))
+        sds, classes = checkpoint_state_dicts(ck), None  # {'weights': ..., 'EMA': ...}, prefixes stripped
+        head = next(iter(sds.values())).get('head.weight')
+        num_classes = None if head is None else head.shape[0]
         if num_classes is None: raise SetupError(f"{checkpoint} has no classifier head (head.weight): nothing to evaluate")
     if weights == 'weights': sds = {k: v for k, v in sds.items() if k == 'weights'}
     elif weights == 'ema':
@@ -1153,8 +1179,4 @@ def eval_main(argv=None) -> int:
     print(f"{i['model']} at {i['img_size']} px on {i['folder']} ({i['images']} images, {i['classes']} classes)")
     return 0
 
-def _in_ipython() -> bool:
-    ip = sys.modules.get('IPython')
-    return ip is not None and getattr(ip, 'get_ipython', lambda: None)() is not None
-
-if __name__ == '__main__' and not _in_ipython(): sys.exit(main())
+if __name__ == '__main__' and not in_ipython(): sys.exit(main())

@@ -282,3 +282,36 @@ def test_fast_path_equals_naive_path_in_training(tokens_type):
         results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
     for n, g in results[0][1].items(): torch.testing.assert_close(g, results[1][1][n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_sinusoid_checkpoint_is_rebuilt_not_resized(dtype):
+    g = _golden7()
+    sd = {k: v.to(dtype) for k, v in g['state_dict'].items()}  # a checkpoint saved in half precision
+    m384 = create_model('t2t_vit_7', img_size=384)
+    out = checkpoint_filter_fn(sd, m384)['pos_embed']
+    torch.testing.assert_close(out.float(), get_sinusoid_encoding(577, 256), atol=4 * torch.finfo(dtype).eps, rtol=0)
+
+
+def test_a_loaded_non_sinusoid_table_is_not_silently_replaced():
+    "After loading a fine-tuned (non-sinusoid) table, another input size is refused instead of swapping the table."
+    model = create_model('t2t_vit_7', img_size=64).eval()
+    sd = model.state_dict()
+    sd['pos_embed'] = sd['pos_embed'] + 0.05 * torch.randn_like(sd['pos_embed'])
+    model.load_state_dict(sd)
+    with torch.no_grad(): model(torch.randn(1, 3, 64, 64))  # its own size works
+    with pytest.raises(ValueError, match=r'loaded \(not the fixed sinusoid\) position table for 16 tokens and got 36'):
+        model(torch.randn(1, 3, 96, 96))
+
+
+def test_use_ema_and_reset_classifier_cfg(tmp_path):
+    g = _golden7()
+    junk = {k: torch.zeros_like(v) for k, v in g['state_dict'].items()}
+    torch.save({'state_dict': junk, 'state_dict_ema': g['state_dict']}, tmp_path / 'ck.pth')
+    ema = load_checkpoint(create_model('t2t_vit_7'), tmp_path / 'ck.pth').eval()
+    raw = load_checkpoint(create_model('t2t_vit_7'), tmp_path / 'ck.pth', use_ema=False)
+    with torch.no_grad(): torch.testing.assert_close(ema(g['input']), g['logits'], atol=1e-4, rtol=0)
+    assert all((p == 0).all() for p in raw.parameters())
+    model = create_model('t2t_vit_7', num_classes=10)
+    model.reset_classifier(3)
+    assert model.default_cfg['num_classes'] == 3 and model.num_classes == 3

@@ -278,6 +278,67 @@ def test_bad_images_stop_with_a_clear_message(bad_folder, tmp_path, workers):
     assert time.perf_counter() - t < 8  # the worker is shut down at once, not after torch's 10 s garbage-collection wait
 
 
+def test_sigterm_to_the_process_group_stops_cleanly(folder, tmp_path):
+    "Slurm or `kill -TERM -PGID` signal every process of the job, loader workers included: still a checkpoint and 143."
+    out = tmp_path / 'run'
+    proc = subprocess.Popen([PY, '-m', 't2t_course.train', '--data', str(folder), *RESUME_ARGS, '--output', str(out)],
+                            cwd=REPO, env=dict(os.environ, T2T_TRAIN_DEBUG_SIGTERM_AT_STEP='11', T2T_TRAIN_DEBUG_SIGTERM_GROUP='1'),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert 'stopped by SIGTERM' in stdout and 'Traceback' not in stderr
+    ck = torch.load(out / 'last.pth', weights_only=True)
+    assert ck['step'] == 11 and ck['batch'] == 3
+
+
+def test_resume_keeps_this_runs_schedule_and_hyper_parameters(folder, tmp_path):
+    "Resuming with more epochs, another lr, weight decay or EMA decay uses the new values from the saved step on."
+    out = tmp_path / 'run'
+    code, _, err = call(main, ['--data', str(folder), *RESUME_ARGS, '--workers', '0', '--epochs', '2', '--output', str(out)])
+    assert code == 0, err
+    code, stdout, err = call(main, ['--data', str(folder), *RESUME_ARGS, '--workers', '0', '--epochs', '4', '--lr', '0.4',
+                                    '--weight-decay', '0.01', '--ema-decay', '0.5', '--output', str(out), '--resume', 'auto'])
+    assert code == 0, err
+    assert 'the learning-rate schedule differs' in stdout and 'decay_steps 16 -> 32' in stdout
+    ck = torch.load(out / 'last.pth', weights_only=True)
+    assert ck['epoch'] == 4 and ck['step'] == 32
+    assert ck['scheduler']['peak_lr'] == pytest.approx(scale_lr(0.4, 8)) and ck['scheduler']['decay_steps'] == 32
+    assert [g['weight_decay'] for g in ck['optimizer']['param_groups']] == [0., 0.01]
+    assert ck['ema']['decay'] == 0.5
+    lrs = [float(r['lr']) for r in csv.DictReader(open(out / 'metrics.csv'))]
+    assert lrs[2] > lrs[1]  # epoch 3 is back up the new, longer cosine, not stuck at the old min_lr
+
+
+def test_resume_from_a_path_continues_in_its_folder(folder, tmp_path):
+    ck = tmp_path / 'somewhere' / 'last.pth'
+    ck.parent.mkdir(); ck.write_bytes(b'')
+    cfg = TrainConfig(data=str(folder), model='t2t_vit_7', resume=str(ck)).resolve()
+    assert cfg.output == str(ck.parent)
+
+
+def test_skip_bad_validation_images_are_counted(tmp_path):
+    root = make_folder(tmp_path / 'data')
+    (root / 'val' / 'n01' / 'broken.png').write_bytes(b'not a png')
+    code, out, err = call(main, ['--data', str(root), *TINY_ARGS, '--batch-size', '4', '--epochs', '2', '--workers', '0',
+                                 '--skip-bad-images', '--output', str(tmp_path / 'run')])
+    assert code == 0, err
+    assert 'validation (not counted in the accuracy): skipped 1 bad image sample(s) from 1 file(s)' in out and 'broken.png' in out
+
+
+@pytest.mark.slow
+def test_main_job_reaches_97_percent(tmp_path):
+    "The README's main job, `t2t_train` with no flags: at least 97% validation top-1 on the digits (the time is printed)."
+    t = time.perf_counter()
+    p = run(['-m', 't2t_course.train', '--output', str(tmp_path / 'run')], timeout=900)
+    elapsed = time.perf_counter() - t
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / 'run' / 'metrics.csv')))
+    acc = max(float(rows[-1]['val_acc1']), float(rows[-1]['ema_val_acc1']))
+    print(f"main job: val_acc1 {acc:.2f}% in {elapsed:.0f} s")
+    assert acc >= 97.0, p.stdout[-2000:]
+
+
+
 def test_skip_bad_images_trains_and_reports(bad_folder, tmp_path):
     root, bad = bad_folder
     code, out, err = call(main, ['--data', str(root), *TINY_ARGS, '--batch-size', '4', '--epochs', '2', '--workers', '1',
