@@ -33,6 +33,9 @@ forward pass needed; on CUDA, torch.cuda.max_memory_allocated() minus the memory
 import argparse, copy, gc, json, os, subprocess, sys, time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helper beside this script
+from _peak import peak_extra_mb  # noqa: E402
+
 # Idle OpenMP threads sleep instead of spinning: on a shared machine spinning threads stall each other's calls
 # (set before torch loads OpenMP; an explicit OMP_WAIT_POLICY in the environment wins).
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
@@ -117,13 +120,6 @@ def throughput(name, device='cpu', batch=8, size=224, rounds=3):
     return out
 
 
-def _status_kb(field):
-    try:
-        for line in open('/proc/self/status'):
-            if line.startswith(field + ':'): return int(line.split()[1])
-    except OSError: return None
-
-
 def memory_worker(name, fused, device='cpu', batch=8, size=384):
     "Extra peak memory (MB) of one forward pass in this process (run me in a fresh subprocess)."
     torch.manual_seed(0)
@@ -131,18 +127,10 @@ def memory_worker(name, fused, device='cpu', batch=8, size=384):
     x = torch.randn(batch, 3, size, size, device=device)
     with torch.no_grad(): model(x[:1, :, :64, :64])  # warm-up at a tiny size: kernels and thread pools, little memory
     gc.collect()
-    if device.startswith('cuda'):
-        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+    def call():
         with torch.no_grad(): model(x)
-        torch.cuda.synchronize()
-        return dict(peak_mb=(torch.cuda.max_memory_allocated() - base) / 2**20, method='cuda.max_memory_allocated')
-    try:
-        with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # peak RSS := current RSS
-    except OSError: raise RuntimeError("peak memory on CPU needs Linux's /proc/self/clear_refs")
-    base = _status_kb('VmRSS')
-    with torch.no_grad(): model(x)
-    return dict(peak_mb=(_status_kb('VmHWM') - base) / 1024, method='VmHWM - VmRSS')
+    peak, method = peak_extra_mb(call, device)
+    return dict(peak_mb=peak, method=method)
 
 
 def memory(name, fused, **kw):

@@ -36,8 +36,11 @@ It prints a table and then the two required ratios with PASS/FAIL:
 2. the Performer's time grows at most 6x when N grows 4x (2304 -> 9216 tokens).
 The exit status is 0 when both pass.
 """
-import argparse, gc, json, os, resource, subprocess, sys, time
+import argparse, gc, json, os, subprocess, sys, time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helper beside this script
+from _peak import peak_extra_mb  # noqa: E402
 
 KINDS = ('transformer-sdpa', 'transformer-materialized', 'performer', 'performer-naive')
 LENGTHS = (2304, 3136, 9216)
@@ -94,35 +97,10 @@ def worker(kind:str, n:int, batch:int=2, device:str='cpu', reps:int=5, dim:int=1
     if threads: torch.set_num_threads(threads)
     call = _setup(kind, n, batch, device, dim, train)
     gc.collect()
-    if device.startswith('cuda'):
-        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        call()
-        peak, method = (torch.cuda.max_memory_allocated() - base) / 2**20, 'cuda.max_memory_allocated'
-    else:
-        try:
-            with open('/proc/self/clear_refs', 'w') as f: f.write('5')   # reset the peak-RSS counter
-            reset = True
-        except OSError: reset = False
-        base = _status_kb('VmRSS') if reset else _maxrss_kb()
-        call()
-        top = _status_kb('VmHWM') if reset else _maxrss_kb()
-        peak, method = max(top - base, 0) / 1024, 'peak RSS (VmHWM) - RSS before' if reset else 'ru_maxrss delta'
+    peak, method = peak_extra_mb(call, device)
     t = _best(call, min_calls=reps, min_s=0.5)
     return dict(kind=kind, n=n, batch=batch, device=device, dim=dim, train=train, threads=torch.get_num_threads(),
                 time_ms=t * 1e3, peak_mb=peak, memory_method=method)
-
-
-def _maxrss_kb():
-    "Peak RSS of this process in kB from getrusage (bytes on macOS, kB on Linux)."
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r // 1024 if sys.platform == 'darwin' else r
-
-
-def _status_kb(field):
-    "A field of /proc/self/status in kB (VmRSS, VmHWM)."
-    for line in open('/proc/self/status'):
-        if line.startswith(field + ':'): return int(line.split()[1])
 
 
 # ---------------------------------------------------------------- driver

@@ -136,3 +136,13 @@ def max_rel_err(a, b):
     "Largest absolute difference, relative to the largest entry of `b`."
     a, b = a.detach().double(), b.detach().double()
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def model_grads(model, x, seed=1):
+    "Output, input gradient and every parameter gradient of a fixed random projection of model(x); the global RNG is reseeded first, so both paths of a layer draw the same dropout masks."
+    x = x.detach().clone().requires_grad_()
+    model.zero_grad()
+    torch.manual_seed(123)
+    out = model(x)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))).sum().backward()
+    return [out.detach(), x.grad] + [p.grad.clone() for p in model.parameters()]

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from t2t_course.attention import (attention, attention_naive, set_fused_attn, Attention, Mlp, drop_path,
                                   DropPath, Block)
-from official_reference import (softmax_attention_loops, block_reference, OFFICIAL_BLOCK_384, perturb_,
+from official_reference import (model_grads, softmax_attention_loops, block_reference, OFFICIAL_BLOCK_384, perturb_,
                                 max_rel_err)
 
 
@@ -23,14 +23,6 @@ def _grads(f, ts, seed=1):
     (out * g).sum().backward()
     return [out.detach()] + [t.grad for t in ts]
 
-
-def _model_grads(model, x, seed=1):
-    "Output, input gradient and every parameter gradient of a fixed random projection of model(x)."
-    x = x.detach().clone().requires_grad_()
-    model.zero_grad()
-    out = model(x)
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))).sum().backward()
-    return [out.detach(), x.grad] + [p.grad.clone() for p in model.parameters()]
 
 
 # ---------------------------------------------------------------- attention functions
@@ -185,8 +177,8 @@ def test_block_two_paths_forward_backward(train):
     torch.manual_seed(0)
     blk = perturb_(Block(48, num_heads=4, mlp_ratio=2., qkv_bias=True), std=0.1).train(train)
     x = torch.randn(3, 21, 48)
-    fast = _model_grads(set_fused_attn(blk, True), x)
-    naive = _model_grads(set_fused_attn(blk, False), x)
+    fast = model_grads(set_fused_attn(blk, True), x)
+    naive = model_grads(set_fused_attn(blk, False), x)
     assert len(fast) == 2 + len(list(blk.parameters()))
     for a, b in zip(fast, naive): assert max_rel_err(a, b) < 1e-5
 

@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from t2t_course.attention import set_fused_attn
 from t2t_course.performer import (gaussian_features, positive_features, trig_features, linear_attention,
                                   favor_attention, orthonormal_features, TokenPerformer)
-from official_reference import OFFICIAL_TOKEN_PERFORMER, token_performer_reference, perturb_, max_rel_err
+from official_reference import model_grads, OFFICIAL_TOKEN_PERFORMER, token_performer_reference, perturb_, max_rel_err
 
 
 def _gen(seed): return torch.Generator().manual_seed(seed)
@@ -201,22 +201,14 @@ def test_w_is_fixed_and_travels_with_the_state_dict():
         sd = a.state_dict(); sd.pop('w'); TokenPerformer(147, 64).load_state_dict(sd, strict=True)
 
 
-def _model_grads(model, x, seed=1):
-    x = x.detach().clone().requires_grad_()
-    model.zero_grad()
-    torch.manual_seed(123)                                            # the same dropout masks on both paths
-    out = model(x)
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))).sum().backward()
-    return [out.detach(), x.grad] + [p.grad.clone() for p in model.parameters()]
-
 
 @pytest.mark.parametrize('train', [False, True])
 def test_two_paths_forward_backward(train):
     torch.manual_seed(0)
     layer = perturb_(TokenPerformer(147, 64), std=0.01).train(train)
     x = torch.randn(2, 3136, 147)
-    fast = _model_grads(set_fused_attn(layer, True), x)
-    naive = _model_grads(set_fused_attn(layer, False), x)
+    fast = model_grads(set_fused_attn(layer, True), x)
+    naive = model_grads(set_fused_attn(layer, False), x)
     for a, b in zip(fast, naive): assert max_rel_err(a, b) < 1e-5
 
 

@@ -5,15 +5,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from t2t_course.attention import set_fused_attn
 from t2t_course.t2t_layer import TokenAttention, TokenTransformer
-from official_reference import OFFICIAL_TOKEN_TRANSFORMER, token_transformer_reference, perturb_, max_rel_err
+from official_reference import model_grads, OFFICIAL_TOKEN_TRANSFORMER, token_transformer_reference, perturb_, max_rel_err
 
-
-def _model_grads(model, x, seed=1):
-    x = x.detach().clone().requires_grad_()
-    model.zero_grad()
-    out = model(x)
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))).sum().backward()
-    return [out.detach(), x.grad] + [p.grad.clone() for p in model.parameters()]
 
 
 class LargestTensor(TorchDispatchMode):
@@ -65,8 +58,8 @@ def test_two_paths_forward_backward(train):
     torch.manual_seed(0)
     layer = perturb_(TokenTransformer(576, 64), std=0.05).train(train)
     x = torch.randn(2, 196, 576)
-    fast = _model_grads(set_fused_attn(layer, True), x)
-    naive = _model_grads(set_fused_attn(layer, False), x)
+    fast = model_grads(set_fused_attn(layer, True), x)
+    naive = model_grads(set_fused_attn(layer, False), x)
     for a, b in zip(fast, naive): assert max_rel_err(a, b) < 1e-4
 
 
