@@ -24,8 +24,8 @@ from t2t_course.models import create_model
 from t2t_course.backbone import count_macs
 from t2t_course.data import (ImageFolderDataset, MixupCutmix, create_loader, create_loss, create_train_transform,
                              DATA_PRESETS)
-from t2t_course.train import (ModelEma, amp_dtype, create_grad_scaler, create_optimizer, forward_backward,
-                              optimizer_step)
+from t2t_course.optim import ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer
+from t2t_course.train import TrainState, train_step
 
 # dense bf16 tensor-core peaks in TFLOPS (vendor data sheets, without sparsity)
 PEAK_BF16_TFLOPS = {'H200': 989.4, 'H100 PCIe': 756.0, 'H100': 989.4, 'GH200': 989.4, 'A100': 312.0, 'L40S': 362.1,
@@ -48,16 +48,14 @@ def train_throughput(model_name, img_size, batch, steps, warmup, device, dtype, 
     raw = create_model(model_name, num_classes=1000, img_size=img_size, drop_path_rate=0.1, **model_kwargs).to(device)
     model = torch.compile(raw) if compile else raw
     optimizer = create_optimizer(raw, 1e-3, 0.05)
-    scaler, ema = create_grad_scaler(dtype, device), ModelEma(raw, 0.99996)
+    state = TrainState(raw, optimizer, WarmupCosineSchedule(optimizer, 1e-3, 10, 10_000), create_grad_scaler(dtype, device),
+                       ModelEma(raw, 0.99996))
     mixer, loss_fn = MixupCutmix(1000, **DATA_PRESETS['imagenet']['mix']), create_loss(True, 0.1)
     images = torch.randn(batch, 3, img_size, img_size, device=device)
     targets = torch.randint(0, 1000, (batch,), device=device)
 
-    def step():  # what Trainer.train_step does with a batch already on the device
-        x, soft = mixer(images, targets)
-        forward_backward(model, x, soft, loss_fn, dtype, scaler)
-        optimizer_step(optimizer, scaler, None, raw.parameters())
-        ema.update(raw)
+    def step():  # the training loop's own step (t2t_course.train.train_step), on a batch already on the device
+        train_step(state, model, images, targets, loss_fn, mixer, dtype)
 
     t = time.perf_counter()
     for _ in range(warmup): step()
@@ -66,7 +64,7 @@ def train_throughput(model_name, img_size, batch, steps, warmup, device, dtype, 
     for _ in range(steps): step()
     sync(device); dt = time.perf_counter() - t
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == 'cuda' else float('nan')
-    del model, raw, optimizer, ema
+    state = model = raw = optimizer = None  # free the GPU memory before the next mode
     if device.type == 'cuda': torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(device)
     return batch * steps / dt, t_warm, mem
 

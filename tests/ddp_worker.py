@@ -1,6 +1,6 @@
 """Run by tests/test_train.py under torchrun with 2 CPU processes (gloo): what DDP computes, for the test to compare
 with a single process on the combined batch. Usage: torchrun --nproc_per_node 2 tests/ddp_worker.py FOLDER OUT"""
-import os, sys
+import sys
 from pathlib import Path
 
 import torch
@@ -9,8 +9,10 @@ import torch.nn.functional as F
 
 from t2t_course.models import create_model
 from t2t_course.data import create_datasets, create_loader, create_loss
-from t2t_course.train import (TrainConfig, Trainer, ShardSampler, all_gather_objects, all_reduce_sum, evaluate,
-                              forward_backward, setup_distributed, train)
+from t2t_course.config import TrainConfig
+from t2t_course.distributed import ShardSampler, all_gather_objects, all_reduce_sum, setup_distributed
+from t2t_course.evaluate import evaluate
+from t2t_course.train import build_run, forward_backward, train, train_step
 
 # A deterministic tiny model: transformer token layers (no dropout), no drop path.
 TINY = dict(tokens_type='transformer', embed_dim=32, depth=1, num_heads=2, mlp_ratio=2., token_dim=16)
@@ -26,7 +28,7 @@ def config(folder, output, batch_size):
     "The run both sides make: no mixing (the processes' random streams differ), deterministic, quiet."
     return TrainConfig(data=str(folder), model='t2t_vit_7', model_kwargs=TINY, img_size=16, batch_size=batch_size, epochs=2,
                        lr=0.05, drop_path=0., ema_decay=0.9, workers=0, deterministic=True, output=str(output),
-                       data_preset='digits', progress=False, threads=1).resolve()
+                       data_preset='digits', progress=False, threads=1, device='cpu').resolve()  # equivalence is a CPU property
 
 
 def main(folder, out):
@@ -50,14 +52,15 @@ def main(folder, out):
     dl = create_loader(val, 5, sampler=ShardSampler(len(val), env.rank, env.world_size))
     res['eval'] = evaluate(model, dl, env.device)
 
-    # 3. the Trainer's first optimizer step: each process takes its half of the global batch from the sampler
+    # 3. the loop's first optimizer step: each process takes its half of the global batch from the sampler
     cfg = config(folder, Path(out) / 'trainer', batch_size=4)
-    t = Trainer(cfg, env)
-    t.sampler.set_epoch(0)
-    images, targets, _ = next(iter(t.train_dl))
-    t.train_step(images, targets)
+    r = build_run(cfg, env)
+    r.sampler.set_epoch(0)
+    images, targets, _ = next(iter(r.train_dl))
+    train_step(r.state, r.model, images, targets, r.loss_fn, r.mixer, r.dtype)
+    if r.lock is not None: r.lock.release()
     res['batch'] = all_gather_objects((images, targets))
-    res['step1'] = {k: v.clone() for k, v in t.raw_model.state_dict().items()}
+    res['step1'] = {k: v.clone() for k, v in r.state.model.state_dict().items()}
 
     # 4. a whole (short) run: 2 processes x 4 images per step
     r = train(config(folder, Path(out) / 'run', batch_size=4))

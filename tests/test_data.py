@@ -4,7 +4,7 @@ two processes at once), and the ILSVRC2012 validation reorganiser in all label f
 
 Every image is generated in tmp_path; references are computed independently (NumPy formulas, PIL directly,
 torchvision's own devkit parser, scikit-learn's arrays)."""
-import os, subprocess, sys, tarfile
+import json, os, subprocess, sys, tarfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from torchvision.transforms import v2
 
 from t2t_course.core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 import t2t_course.data as data
-from t2t_course.data import (BadImageError, BadImageLog, BadSample, DATA_PRESETS, DIGITS_MARKER, ImageFolderDataset,
+from t2t_course.data import (BadImageError, BadImageLog, BadSample, DATA_PRESETS, FOLDER_MARKER, ImageFolderDataset,
                              MixupCutmix, collate_skip_bad, create_datasets, create_eval_transform, create_loader,
                              create_loss, create_train_transform, digits_folder, load_rgb, prepare_imagenet_val,
                              prepare_val_cli, read_val_labels, scan_image_folder)
@@ -383,7 +383,7 @@ def test_digits_folder(tmp_path, monkeypatch):
     ref = load_digits()
     monkeypatch.setenv('T2T_COURSE_CACHE', str(tmp_path / 'cache'))
     root = digits_folder()
-    assert root == tmp_path / 'cache' / 'digits' and (root / DIGITS_MARKER).is_file()
+    assert root == tmp_path / 'cache' / 'digits' and (root / FOLDER_MARKER).is_file()
     train, val = ImageFolderDataset(root / 'train'), ImageFolderDataset(root / 'val')
     assert (len(train), len(val)) == (1437, 360)
     assert train.classes == val.classes == [str(c) for c in range(10)]
@@ -399,8 +399,8 @@ def test_digits_folder(tmp_path, monkeypatch):
         assert int(train.classes[t]) == ref.target[i]
         assert np.abs(px.astype(float) - ref.images[i] * 255 / 16).max() <= 0.5
     # idempotent: the second call reuses the folder without rewriting it
-    mtime = (root / DIGITS_MARKER).stat().st_mtime_ns
-    assert digits_folder(tmp_path / 'cache') == root and (root / DIGITS_MARKER).stat().st_mtime_ns == mtime
+    mtime = (root / FOLDER_MARKER).stat().st_mtime_ns
+    assert digits_folder(tmp_path / 'cache') == root and (root / FOLDER_MARKER).stat().st_mtime_ns == mtime
     # the split is the same in another cache
     other = digits_folder(tmp_path / 'other')
     assert sorted(p.name for p in (other / 'val').rglob('*.png')) == sorted(p.name for p in (root / 'val').rglob('*.png'))
@@ -415,7 +415,8 @@ def test_digits_folder_lost_race(tmp_path, monkeypatch):
     def write_and_lose(folder, *a, **kw):
         counts = real(folder, *a, **kw)
         theirs = tmp_path / 'theirs'
-        real(theirs)
+        (theirs / FOLDER_MARKER).parent.mkdir(parents=True)
+        (theirs / FOLDER_MARKER).write_text(json.dumps(real(theirs)))  # a finished copy, as build_folder_once publishes it
         os.rename(theirs, tmp_path / 'digits')  # the other process wins
         (tmp_path / 'digits' / 'winner').write_text('theirs')
         return counts
