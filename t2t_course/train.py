@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from .core import set_seed, in_ipython
-from .models import create_model, list_models, checkpoint_filter_fn, checkpoint_state_dicts, read_checkpoint, MODEL_SPECS
+from .models import create_model, list_models, checkpoint_filter_fn, checkpoint_state_dicts, read_checkpoint, get_variant
 from .data import (DATA_PRESETS, BadImageError, BadImageLog, ImageFolderDataset, MixupCutmix,
                              create_datasets, create_eval_transform, create_loader, create_loss, digits_folder)
 
@@ -40,12 +40,7 @@ PAPER_RECIPE = dict(epochs=300, cooldown_epochs=10, warmup_epochs=10., batch_siz
                     warmup_lr=1e-6, weight_decay=0.05, clip_grad=None, drop_path=0.1, ema_decay=0.99996,
                     data_preset='imagenet', workers=8, threads=None)
 
-MODEL_RECIPES = {  # each model's deviations from PAPER_RECIPE (the official README's commands)
-    't2t_vit_7': dict(lr=1e-3, weight_decay=0.03), 't2t_vit_10': dict(lr=1e-3, weight_decay=0.03),
-    't2t_vit_12': dict(lr=1e-3, weight_decay=0.03), 't2t_vit_14': dict(), 't2t_vit_14_384': dict(),
-    't2t_vit_19': dict(weight_decay=0.065), 't2t_vit_24': dict(weight_decay=0.065), 't2t_vit_t_14': dict(),
-    't2t_vit_t_19': dict(weight_decay=0.065), 't2t_vit_t_24': dict(weight_decay=0.065),
-}
+MODEL_RECIPES = {m: dict(get_variant(m).recipe) for m in list_models()}  # each model's deviations from PAPER_RECIPE (chapter 08)
 
 DIGITS_RECIPE = dict(model='t2t_vit_7', model_kwargs=dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2., token_dim=32),
                      img_size=32, epochs=30, cooldown_epochs=0, warmup_epochs=2., batch_size=64, lr=8e-3, min_lr=1e-5,
@@ -524,7 +519,7 @@ class TrainConfig:
         if is_digits(vals['data']): vals['data'] = None
         for k in ('data', 'output', 'resume', 'pretrained'):  # paths as plain strings: the config goes into checkpoints
             if vals[k] is not None: vals[k] = str(vals[k])
-        if vals['img_size'] is None: vals['img_size'] = MODEL_SPECS[vals['model']][3] if vals['model'] in MODEL_SPECS else 224
+        if vals['img_size'] is None: vals['img_size'] = get_variant(vals['model']).img_size if vals['model'] in list_models() else 224
         if vals['output'] is None and vals['resume'] not in (None, 'auto'):  # continue in the checkpoint's own folder
             vals['output'] = str(Path(vals['resume']).parent)
         if vals['output'] is None:  # runs/<model>-<data>, numbered -2, -3, ... so that a new run never meets an old one
