@@ -4,11 +4,12 @@
     python benchmarks/models.py --quick          # fewer repetitions, a smoke run of every measurement
     python benchmarks/models.py --device cuda    # on a GPU
 
-The two paths differ only in how attention is computed (`t2t_course.attention.set_fused_attn`):
+The two paths differ only in the model's fast-path switches (`t2t_course.core.set_fast_paths`), all on or all off:
 
-- default: `scaled_dot_product_attention` in the backbone blocks and in the T2T transformer layers (the N x N
-  matrix is never built), the Performer layers' batched-matmul path, one-copy soft splits that read the token
-  maps in place (no re-structurization), and a last block that computes only the cls token in `forward`;
+- default: `scaled_dot_product_attention` in the backbone blocks and in the T2T transformer layers (`fused_attn`:
+  the N x N matrix is never built), the Performer layers' batched-matmul path (`batched_favor`), one-copy soft
+  splits that read the token maps in place, no re-structurization (`gather_splits`), and a last block that
+  computes only the cls token in `forward` (`cls_only_last_block`);
 - naive: the attention matrices materialized (`softmax(q k^T * scale) @ v`), the Performer's einsum/repeat
   sequence, unfold + transpose + re-structurize, every token through the last block: exactly as the official
   code computes them.
@@ -46,7 +47,7 @@ except ImportError: sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from t2t_course import create_model
-from t2t_course.attention import set_fused_attn
+from t2t_course.core import set_fast_paths
 
 REQUIRED = {('infer', 't2t_vit_14'): 1.15, ('infer', 't2t_vit_t_14'): 1.5,
             ('train', 't2t_vit_14'): 1.10, ('train', 't2t_vit_t_14'): 1.3}
@@ -64,7 +65,7 @@ def _paths(name, device, train):
     the table prints the model's share (forward + backward) and the optimizer's share of the step separately."""
     torch.manual_seed(0)
     fast = create_model(name).to(device)
-    naive = set_fused_attn(copy.deepcopy(fast), False)
+    naive = set_fast_paths(copy.deepcopy(fast), False)
     models = [fast.train(train), naive.train(train)]
     opts = [None, None]
     if train:
@@ -120,10 +121,10 @@ def throughput(name, device='cpu', batch=8, size=224, rounds=3):
     return out
 
 
-def memory_worker(name, fused, device='cpu', batch=8, size=384):
+def memory_worker(name, fast, device='cpu', batch=8, size=384):
     "Extra peak memory (MB) of one forward pass in this process (run me in a fresh subprocess)."
     torch.manual_seed(0)
-    model = set_fused_attn(create_model(name, img_size=size).to(device).eval(), fused)
+    model = set_fast_paths(create_model(name, img_size=size).to(device).eval(), fast)
     x = torch.randn(batch, 3, size, size, device=device)
     with torch.no_grad(): model(x[:1, :, :64, :64])  # warm-up at a tiny size: kernels and thread pools, little memory
     gc.collect()
@@ -133,9 +134,9 @@ def memory_worker(name, fused, device='cpu', batch=8, size=384):
     return dict(peak_mb=peak, method=method)
 
 
-def memory(name, fused, **kw):
+def memory(name, fast, **kw):
     "`memory_worker` in a fresh subprocess."
-    args = json.dumps(dict(name=name, fused=fused, **kw))
+    args = json.dumps(dict(name=name, fast=fast, **kw))
     res = subprocess.run([sys.executable, __file__, '--memory-worker', args], capture_output=True, text=True)
     if res.returncode: raise RuntimeError(f"memory worker failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

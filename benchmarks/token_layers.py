@@ -54,12 +54,12 @@ def _build(kind, dim, device):
     import torch
     try: import t2t_course  # noqa: F401
     except ImportError: sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from t2t_course.attention import set_fused_attn
+    from t2t_course.core import set_fast_paths
     from t2t_course.t2t_layer import TokenTransformer
     from t2t_course.performer import TokenPerformer
     torch.manual_seed(0)
     layer = TokenTransformer(dim, 64) if kind.startswith('transformer') else TokenPerformer(dim, 64)
-    set_fused_attn(layer, kind in ('transformer-sdpa', 'performer'))
+    set_fast_paths(layer, kind in ('transformer-sdpa', 'performer'))  # SDPA (fused_attn) or batched_favor, or neither
     return layer.to(device).eval()
 
 

@@ -6,8 +6,6 @@
 __all__ = ['attention_naive', 'attention', 'Attention', 'set_fused_attn', 'Mlp', 'drop_path', 'DropPath', 'Block']
 
 # %% ../nbs/03_attention.ipynb #a3bf9d2a
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -64,6 +62,7 @@ def attention(q:torch.Tensor,       # queries (B, h, N, d) or (B, N, d)
 # %% ../nbs/03_attention.ipynb #289746c1
 class Attention(nn.Module):
     "Multi-head self-attention with the official/timm layout: one `qkv` Linear (rows q|k|v, heads contiguous), then `proj`."
+    fast_paths = ('fused_attn',)            # the switches `set_fast_paths` flips (chapter 00)
     def __init__(self, dim:int,             # token width D
                  num_heads:int=8,           # number of heads h; the head width is d = D // h
                  qkv_bias:bool=False,       # bias in the qkv Linear (the official backbone has none)
@@ -79,7 +78,7 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.fused_attn = True
+        self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
         B, N, C = x.shape

@@ -7,13 +7,11 @@ __all__ = ['get_sinusoid_encoding', 'is_sinusoid_table', 'drop_path_rates', 'tru
            'count_macs']
 
 # %% ../nbs/07_backbone.ipynb #4114671d
-import math
 from functools import lru_cache
 
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.utils import flop_counter
 
 from .core import to_2tuple
 from .attention import Block
@@ -67,6 +65,7 @@ def init_weights(m:nn.Module):
 # %% ../nbs/07_backbone.ipynb #a8c43061
 class Backbone(nn.Module):
     "cls token + position table + `depth` pre-norm blocks + final norm + linear head, with the timm-style model API."
+    fast_paths = ('cls_only_last_block',)    # the switches `set_fast_paths` flips (chapter 00)
     def __init__(self,
                  num_patches:int,            # N, tokens the tokenizer makes at the size the model is built for
                  num_classes:int=1000,       # classes of the head; 0 means no head (features out)
@@ -96,7 +95,7 @@ class Backbone(nn.Module):
             for dpr in drop_path_rates(drop_path_rate, depth)])
         self.norm = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.fused_attn = True  # fast path of `forward`: the last block computes the cls token only
+        self.cls_only_last_block = True  # `forward`: the last block computes the cls token only; False: every token
 
     def init_weights(self):
         "Initialise the whole model as the official code does (call once the tokenizer is added)."
@@ -136,7 +135,7 @@ class Backbone(nn.Module):
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, num_classes)
         "`forward_head(forward_features(x))`; the fast path computes only the cls token in the last block."
-        if not (self.fused_attn and len(self.blocks)): return self.forward_head(self.forward_features(x))
+        if not (self.cls_only_last_block and len(self.blocks)): return self.forward_head(self.forward_features(x))
         x = self._sequence(x)
         for blk in self.blocks[:-1]: x = blk(x)                               # (B, N+1, D)
         return self.forward_head(self.norm(self.blocks[-1].forward_cls(x)))  # (B, 1, D) -> (B, num_classes)
@@ -174,6 +173,7 @@ class ViT(Backbone):
 # %% ../nbs/07_backbone.ipynb #40121fd0
 def _register_cpu_sdpa_flops():
     "Teach FlopCounterMode the CPU flash-attention kernel (same count as the CUDA kernels), once."
+    from torch.utils import flop_counter
     op = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
     if op is None or op in flop_counter.flop_registry or not hasattr(flop_counter, 'register_flop_formula'): return
     def sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
@@ -187,15 +187,17 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
                fake:bool=True,         # run on fake tensors (shapes only, no arithmetic); False computes for real
               ) -> dict:               # MACs by kind: linear, conv, attention, performer, layer_norm, and total
     "Multiply-accumulates of one forward pass at batch 1, counted as fvcore does (LayerNorm 5 per element)."
+    from torch.utils import flop_counter  # loaded when counting, not by `import t2t_course`
     _register_cpu_sdpa_flops()
     aten = torch.ops.aten
     ln_elems = []
     hooks = [m.register_forward_hook(lambda m, i, o: ln_elems.append(i[0].numel()))
              for m in model.modules() if isinstance(m, nn.LayerNorm)]
-    was_training, shortcut = model.training, getattr(model, 'fused_attn', None)
+    was_training = model.training
+    shortcuts = [m for m in model.modules() if getattr(m, 'cls_only_last_block', False)]
     try:
         model.eval()
-        if isinstance(model, Backbone): model.fused_attn = False  # count every token through every block, as fvcore did
+        for m in shortcuts: m.cls_only_last_block = False  # count every token through every block, as fvcore did
         if inputs is None:
             p = next(model.parameters())
             inputs = torch.zeros(1, in_chans, *to_2tuple(img_size, 'img_size'), device=p.device, dtype=p.dtype)
@@ -209,7 +211,7 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
     finally:
         for h in hooks: h.remove()
         model.train(was_training)
-        if isinstance(model, Backbone): model.fused_attn = shortcut
+        for m in shortcuts: m.cls_only_last_block = True
     counts, root = fc.get_flop_counts(), type(model).__name__
     products = {getattr(aten, name) for name in ('mm', 'addmm', 'bmm', 'baddbmm', '_scaled_dot_product_flash_attention_for_cpu',
                 '_scaled_dot_product_flash_attention', '_scaled_dot_product_efficient_attention',

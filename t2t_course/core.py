@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'to_2tuple', 'check_image_batch', 'in_test', 'in_ipython',
-           'default_cache_dir', 'set_seed', 'sample_image_path', 'load_image', 'load_sample_image', 'denormalize',
-           'to_numpy_image', 'show_image', 'show_images', 'draw_token_grid', 'draw_box']
+           'default_cache_dir', 'set_seed', 'set_fast_paths', 'sample_image_path', 'load_image', 'load_sample_image',
+           'denormalize', 'to_numpy_image', 'show_image', 'show_images', 'draw_token_grid', 'draw_box']
 
 # %% ../nbs/00_core.ipynb #bd7d658f
 import os, random
@@ -14,8 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
 
 # %% ../nbs/00_core.ipynb #a2800563
 def to_2tuple(x,                # an int (square) or a pair (H, W)
@@ -66,6 +64,17 @@ def set_seed(seed:int=42,            # seed for `random`, NumPy and PyTorch (all
         torch.backends.cudnn.benchmark = False
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     return seed
+
+# %% ../nbs/00_core.ipynb #a4b96ef6
+def set_fast_paths(model:torch.nn.Module, # any model; its switches are the attributes each submodule lists in `fast_paths`
+                   enabled:bool           # True: every fast path (the default); False: every readable path
+                  ) -> torch.nn.Module:
+    "Set every fast-path switch of every submodule of `model` to `enabled`; return `model`."
+    if not isinstance(model, torch.nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(enabled, bool): raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    for mod in model.modules():
+        for switch in getattr(mod, 'fast_paths', ()): setattr(mod, switch, enabled)
+    return model
 
 # %% ../nbs/00_core.ipynb #b42c017b
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
@@ -124,7 +133,9 @@ def to_numpy_image(img:torch.Tensor, denorm:bool=False) -> np.ndarray:
 
 def show_image(img:torch.Tensor, ax=None, title:str=None, denorm:bool=False, figsize=(3, 3), **kwargs):
     "Show one image tensor (see `to_numpy_image`) on `ax` (a new figure if None); return the axis."
-    if ax is None: _, ax = plt.subplots(figsize=figsize)
+    if ax is None:
+        import matplotlib.pyplot as plt  # loaded by the first picture, not by `import t2t_course`
+        _, ax = plt.subplots(figsize=figsize)
     arr = to_numpy_image(img, denorm)
     if arr.ndim == 2: kwargs.setdefault('cmap', 'viridis')
     ax.imshow(arr, **kwargs)
@@ -134,6 +145,7 @@ def show_image(img:torch.Tensor, ax=None, title:str=None, denorm:bool=False, fig
 
 def show_images(imgs, titles=None, ncols:int=None, denorm:bool=False, size:float=2.2, suptitle:str=None, **kwargs):
     "Show several image tensors in a grid of `ncols` columns; return the figure and its axes."
+    import matplotlib.pyplot as plt
     imgs = list(imgs)
     ncols = ncols or len(imgs)
     nrows = (len(imgs) + ncols - 1) // ncols
@@ -154,6 +166,7 @@ def draw_token_grid(ax, size, patch_size, color='white', lw:float=0.8, **kwargs)
 
 def draw_box(ax, top:int, left:int, height:int, width:int=None, color='yellow', lw:float=1.5, **kwargs):
     "Draw the outline of the pixel box starting at (`top`, `left`) with the given `height` and `width` on `ax`."
+    from matplotlib.patches import Rectangle
     width = height if width is None else width
     ax.add_patch(Rectangle((left - 0.5, top - 0.5), width, height, fill=False, edgecolor=color, lw=lw, **kwargs))
     return ax

@@ -95,6 +95,7 @@ def orthonormal_features(m:int, # number of rows (random features), at most d
 # %% ../nbs/05_performer.ipynb #487e7c1b
 class TokenPerformer(nn.Module):
     "The T2T Performer token layer, official semantics: kqv split k|q|v, fixed w (buffer), no temperature, eps 1e-8, skip from v."
+    fast_paths = ('batched_favor',)          # the switches `set_fast_paths` flips (chapter 00)
     def __init__(self, dim:int,              # input width C (147 or 576)
                  in_dim:int,                 # output width, `token_dim` (64)
                  head_cnt:int=1,             # official argument: multiplies the width (one head of in_dim * head_cnt)
@@ -114,7 +115,7 @@ class TokenPerformer(nn.Module):
         self.epsilon = 1e-8
         self.mlp = nn.Sequential(nn.Linear(self.emb, self.emb), nn.GELU(), nn.Linear(self.emb, self.emb), nn.Dropout(dp2))
         self.register_buffer('w', orthonormal_features(self.m, self.emb))  # (m, emb), fixed, in the state_dict
-        self.fused_attn = True
+        self.batched_favor = True  # batched matmuls; False: the official einsum/repeat sequence
 
     def prm_exp(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, emb) float32 -> (B, N, m)
         "The official positive feature map, op for op: exp(w x - |x|^2 / 2) / sqrt(m) with a repeated |x|^2."
@@ -134,7 +135,7 @@ class TokenPerformer(nn.Module):
         wx = x @ w.t()                                                                # (B, N, m)
         return wx.sub_((x * x).sum(-1, keepdim=True).mul_(0.5).add_(0.5 * math.log(self.m))).exp_()
 
-    def _attn_fast(self, k, q, v):
+    def _attn_batched(self, k, q, v):
         "The same linear attention with batched matmuls (float32 inputs)."
         w = self.w.float()
         kp, qp = self._features(k, w), self._features(q, w)                         # (B, N, m)
@@ -147,7 +148,7 @@ class TokenPerformer(nn.Module):
         k, q, v = torch.split(self.kqv(x), self.emb, dim=-1)                          # (B, N, emb) each: k, q, v order
         with torch.autocast(device_type=x.device.type, enabled=False):
             kf, qf, vf = k.float(), q.float(), v.float()
-            y = self._attn_fast(kf, qf, vf) if self.fused_attn else self._attn_naive(kf, qf, vf)  # (B, N, emb) float32
+            y = self._attn_batched(kf, qf, vf) if self.batched_favor else self._attn_naive(kf, qf, vf)  # (B, N, emb) float32
         return v + self.dp(self.proj(y.to(v.dtype)))                                  # (B, N, emb), skip from v
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, emb)

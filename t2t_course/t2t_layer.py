@@ -8,13 +8,13 @@ __all__ = ['TokenAttention', 'TokenTransformer']
 # %% ../nbs/04_t2t_layer.ipynb #efef42da
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .attention import attention, Mlp, DropPath
 
 # %% ../nbs/04_t2t_layer.ipynb #9213aac3
 class TokenAttention(nn.Module):
     "Token-layer attention: `qkv` Linear(dim, 3*in_dim), softmax scale from the INPUT width, skip connection from v."
+    fast_paths = ('fused_attn',)            # the switches `set_fast_paths` flips (chapter 00)
     def __init__(self, dim:int,             # input width C (147 or 576 in T2T-ViT)
                  in_dim:int,                # output width, `token_dim` (64)
                  num_heads:int=1,           # 1 in every official model (see the chapter); h > 1 merges v per head
@@ -32,7 +32,7 @@ class TokenAttention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(in_dim, in_dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.fused_attn = True
+        self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, in_dim)
         if x.ndim != 3 or x.shape[-1] != self.dim:

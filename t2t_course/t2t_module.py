@@ -19,6 +19,7 @@ TOKENS_TYPES = ('performer', 'transformer')
 
 class T2TModule(nn.Module):
     "Tokens-to-token module: (soft split -> T2T layer -> re-structurize) x 2, soft split, project: `(B, C, H, W) -> (B, N, D)`."
+    fast_paths = ('gather_splits',)                                  # the switches `set_fast_paths` flips (chapter 00)
     def __init__(self,
                  img_size=224,                 # the size the model is built for, int or (H, W); any size works at run time
                  tokens_type:str='performer',  # T2T layer: 'performer' (TokenPerformer) or 'transformer' (TokenTransformer)
@@ -44,7 +45,7 @@ class T2TModule(nn.Module):
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
         self.grid_size = self.grid_size_for(self.img_size)           # about (H/16, W/16), e.g. (14, 14) at 224 px
         self.num_patches = self.grid_size[0] * self.grid_size[1]     # tokens at img_size, e.g. 196
-        self.fused_attn = True                                       # fast path: one-copy soft splits on token maps
+        self.gather_splits = True                                    # one-copy soft splits; False: unfold, re-structurize
 
     def grid_size_for(self, size) -> tuple:
         "The output token grid `(H_o, W_o)` for an input of `size` (int or (H, W)); the module outputs H_o * W_o tokens."
@@ -56,7 +57,7 @@ class T2TModule(nn.Module):
         check_image_batch(x, 'input')
         if x.shape[1] != self.in_chans:
             raise ValueError(f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
-        if self.fused_attn: return self._forward_fast(x)
+        if self.gather_splits: return self._forward_gathered(x)
         grid0 = self.soft_split0.output_size(x.shape[-2:])
         x = self.soft_split0(x)                                       # (B, H0*W0, C*7*7)
         x = self.attention1(x)                                        # (B, H0*W0, token_dim)
@@ -68,7 +69,7 @@ class T2TModule(nn.Module):
         x = self.soft_split2(x)                                       # (B, H2*W2, token_dim*3*3)
         return self.project(x)                                        # (B, N, D)
 
-    def _forward_fast(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
+    def _forward_gathered(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
         "The same computation with `soft_split_fast`: tokens gathered in token order, token maps never re-structurized."
         def split(ss, t, channels_last=False):
             return soft_split_fast(t, ss.kernel_size, ss.stride, ss.padding, channels_last=channels_last)

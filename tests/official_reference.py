@@ -139,10 +139,10 @@ def max_rel_err(a, b):
 
 
 def model_grads(model, x, seed=1):
-    "Output, input gradient and every parameter gradient of a fixed random projection of model(x); the global RNG is reseeded first, so both paths of a layer draw the same dropout masks."
-    x = x.detach().clone().requires_grad_()
-    model.zero_grad()
+    "Output, input gradients and every parameter gradient (None where none flows) of a fixed random projection of model(*x); the global RNG is reseeded first, so both paths of a layer draw the same dropout masks."
+    xs = [t.detach().clone().requires_grad_() for t in (x if isinstance(x, (tuple, list)) else [x])]
+    model.zero_grad(set_to_none=True)
     torch.manual_seed(123)
-    out = model(x)
+    out = model(*xs)
     (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))).sum().backward()
-    return [out.detach(), x.grad] + [p.grad.clone() for p in model.parameters()]
+    return [out.detach()] + [t.grad for t in xs] + [None if p.grad is None else p.grad.clone() for p in model.parameters()]

@@ -6,22 +6,12 @@ import torch.nn.functional as F
 
 from t2t_course.attention import (attention, attention_naive, set_fused_attn, Attention, Mlp, drop_path,
                                   DropPath, Block)
-from official_reference import (model_grads, softmax_attention_loops, block_reference, OFFICIAL_BLOCK_384, perturb_,
-                                max_rel_err)
+from official_reference import softmax_attention_loops, block_reference, OFFICIAL_BLOCK_384, perturb_, max_rel_err
 
 
 def _qkv(*shape, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(*shape, generator=g) for _ in range(3)]
-
-
-def _grads(f, ts, seed=1):
-    "Gradients of a fixed random projection of f(*ts) w.r.t. ts."
-    ts = [t.detach().clone().requires_grad_() for t in ts]
-    out = f(*ts)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
-    (out * g).sum().backward()
-    return [out.detach()] + [t.grad for t in ts]
 
 
 
@@ -49,12 +39,10 @@ def test_naive_three_dim_and_cross_attention():
 
 
 @pytest.mark.parametrize('scale', [None, 147 ** -0.5, 1.0])
-def test_fused_equals_naive_forward_backward(scale):
+def test_attention_is_sdpa(scale):
+    "The fast path is PyTorch's SDPA with the scale passed through (its agreement with the readable path: test_fast_paths)."
     q, k, v = _qkv(2, 4, 33, 16)
-    fast = _grads(lambda q, k, v: attention(q, k, v, scale=scale), [q, k, v])
-    naive = _grads(lambda q, k, v: attention(q, k, v, scale=scale, fused=False), [q, k, v])
-    for a, b in zip(fast, naive): assert max_rel_err(a, b) < 1e-5
-    assert torch.allclose(fast[0], F.scaled_dot_product_attention(q, k, v, scale=scale), atol=1e-6)
+    assert torch.allclose(attention(q, k, v, scale=scale), F.scaled_dot_product_attention(q, k, v, scale=scale), atol=1e-6)
 
 
 def test_dropout_only_in_training():
@@ -169,18 +157,6 @@ def test_block_official_layout_and_reference():
         assert max_rel_err(set_fused_attn(blk, False)(x), ref) < 1e-5
         wrong = block_reference(x, blk.state_dict(), num_heads=3)   # a reference that must disagree
         assert max_rel_err(blk(x), wrong) > 1e-3
-
-
-@pytest.mark.parametrize('train', [False, True])
-def test_block_two_paths_forward_backward(train):
-    "Same weights, both paths: output, input gradient and every weight gradient agree (train mode: dropout 0)."
-    torch.manual_seed(0)
-    blk = perturb_(Block(48, num_heads=4, mlp_ratio=2., qkv_bias=True), std=0.1).train(train)
-    x = torch.randn(3, 21, 48)
-    fast = model_grads(set_fused_attn(blk, True), x)
-    naive = model_grads(set_fused_attn(blk, False), x)
-    assert len(fast) == 2 + len(list(blk.parameters()))
-    for a, b in zip(fast, naive): assert max_rel_err(a, b) < 1e-5
 
 
 def test_block_eval_ignores_dropouts_on_both_paths():

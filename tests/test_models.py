@@ -1,10 +1,11 @@
-"""The T2T-ViT family: official layouts, golden logits, the timm-style contract over every registered model,
-checkpoint conversion, bad input, and MAC counts against the official ones.
+"""The T2T-ViT family: the registry and its variants, official layouts, golden logits, the timm-style contract
+(one property per test, over every registered model), checkpoint conversion, bad input, and MAC counts against
+the official ones. The fast paths against the readable paths: test_fast_paths.py.
 
 Reference data (measured on the official code) is in reference/: official_state_dicts.json, official_macs.json
 and golden/*.pt.
 """
-import argparse, json, math, warnings
+import argparse, dataclasses, json, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -13,17 +14,36 @@ import torch.nn as nn
 
 import t2t_course
 from t2t_course import create_model, list_models, T2TViT
-from t2t_course.attention import set_fused_attn
+from t2t_course.core import set_fast_paths
 from t2t_course.backbone import count_macs, get_sinusoid_encoding
-from t2t_course.models import MODEL_SPECS, checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir
+from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, _create,
+                               checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir)
 
 REF = Path(__file__).resolve().parents[1] / 'reference'
 OFFICIAL = json.loads((REF / 'official_state_dicts.json').read_text())
 OFFICIAL_MACS = json.loads((REF / 'official_macs.json').read_text())
 TINY = dict(img_size=64, embed_dim=64, depth=2, num_heads=2, mlp_ratio=2., num_classes=10)
+MODELS = list_models()  # every registered model: a new variant is tested the moment it is registered
 
 
 def official_name(name): return name.replace('_384', '@384')
+
+
+def _small(name, **kwargs):
+    "The registered model `name` built at 32 px with 42 classes, seeded."
+    torch.manual_seed(0)
+    return create_model(name, **(dict(num_classes=42, img_size=32) | kwargs))
+
+
+def _x(*size, batch=2): return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(1))
+
+
+def test_import_is_light():
+    "`import t2t_course` and building a model load neither pyplot nor the FLOP counter."
+    code = ("import sys, t2t_course; t2t_course.create_model('t2t_vit_7'); "
+            "print([m for m in sys.modules if m.startswith('matplotlib.pyplot') or m == 'torch.utils.flop_counter'])")
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == '[]'
 
 
 def test_registry():
@@ -38,16 +58,170 @@ def test_registry():
         create_model('vgg16')
 
 
-@pytest.mark.parametrize('name', list(MODEL_SPECS))
+# ---------------------------------------------------------------- the variants
+OFFICIAL_RECIPES = {  # the official README's training commands: deviations from the paper's common recipe
+    't2t_vit_7': dict(lr=1e-3, weight_decay=0.03), 't2t_vit_10': dict(lr=1e-3, weight_decay=0.03),
+    't2t_vit_12': dict(lr=1e-3, weight_decay=0.03), 't2t_vit_14': {}, 't2t_vit_14_384': {},
+    't2t_vit_19': dict(weight_decay=0.065), 't2t_vit_24': dict(weight_decay=0.065), 't2t_vit_t_14': {},
+    't2t_vit_t_19': dict(weight_decay=0.065), 't2t_vit_t_24': dict(weight_decay=0.065)}
+
+
+def test_every_registered_model_is_a_variant():
+    assert sorted(VARIANTS) == sorted(list_models())
+    assert all(get_variant(n).name == n for n in list_models())
+
+
+def test_official_variants_recipes_sizes_and_releases():
+    assert {n: dict(get_variant(n).recipe) for n in OFFICIAL_RECIPES} == OFFICIAL_RECIPES
+    assert {n: get_variant(n).img_size for n in OFFICIAL_RECIPES} == {n: 384 if n.endswith('_384') else 224 for n in OFFICIAL_RECIPES}
+    for n in OFFICIAL_RECIPES:
+        v = get_variant(n)
+        assert v.model_cls is T2TViT and v.file.startswith(f'{v.top1}_') and v.file.endswith('.pth.tar')
+        assert v.url == 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main/' + v.file
+
+
+def test_get_variant_unknown_name():
+    with pytest.raises(ValueError, match=r"unknown model 't2t_vit_t14'; did you mean 't2t_vit_t_14'"): get_variant('t2t_vit_t14')
+    with pytest.raises(ValueError, match=r"unknown model 'vgg16' \(list_models\(\) shows all 10\)"): get_variant('vgg16')
+
+
+def test_variant_is_read_only():
+    v = get_variant('t2t_vit_7')
+    with pytest.raises(dataclasses.FrozenInstanceError): v.img_size = 32
+    with pytest.raises(TypeError, match='does not support item assignment'): v.recipe['lr'] = 1.
+    with pytest.raises(TypeError, match='does not support item assignment'): v.arch['depth'] = 1
+    with pytest.raises(ValueError, match="another variant is already registered as 't2t_vit_7'"):
+        register_variant(Variant('t2t_vit_7', dict(v.arch, depth=8)))
+    assert register_variant(Variant('t2t_vit_7', v.arch, file=v.file, top1=v.top1, recipe=v.recipe)) == v  # the same: fine
+
+
+class HalfTokens(T2TViT):
+    "A design variant built from the same pieces (for the test): the T2T module's tokens halved."
+    def __init__(self, token_scale:float=1., **kwargs): super().__init__(**kwargs); self.token_scale = token_scale
+    def embed_tokens(self, x): return self.token_scale * super().embed_tokens(x)
+
+
+@pytest.fixture
+def design_variant():
+    "A variant of another class and without released weights, registered for one test and removed after it."
+    arch = {k: v for k, v in TINY.items() if k != 'img_size'} | dict(tokens_type='transformer', token_scale=0.5)
+    register_variant(Variant('t2t_vit_test_half', arch, img_size=64,
+                             recipe=dict(lr=1e-4), model_cls=HalfTokens))
+    def t2t_vit_test_half(pretrained=False, **kwargs): return _create('t2t_vit_test_half', pretrained, **kwargs)
+    register_model(t2t_vit_test_half)
+    yield 't2t_vit_test_half'
+    from t2t_course import models
+    del models.VARIANTS['t2t_vit_test_half'], models._model_entrypoints['t2t_vit_test_half']
+
+
+def test_a_variant_of_another_class(design_variant, tmp_path):
+    model = create_model(design_variant).eval()
+    assert type(model) is HalfTokens and model.token_scale == 0.5 and model.img_size == (64, 64)
+    cfg = model.default_cfg
+    assert (cfg['architecture'], cfg['file'], cfg['url'], cfg['top1'], cfg['input_size']) == (design_variant, None, None, None, (3, 64, 64))
+    assert get_variant(design_variant).recipe['lr'] == 1e-4
+    with pytest.raises(ValueError, match='t2t_vit_test_half has no released weights'): create_model(design_variant, pretrained=True)
+    torch.save({'state_dict': model.state_dict()}, tmp_path / 'half.pth')
+    loaded = create_model(design_variant, pretrained=tmp_path / 'half.pth').eval()
+    with torch.no_grad(): torch.testing.assert_close(loaded(_x(64, 64)), model(_x(64, 64)))
+
+
+def test_register_model_needs_a_variant():
+    def t2t_vit_unknown(pretrained=False, **kwargs): return None
+    with pytest.raises(ValueError, match=r"no Variant named 't2t_vit_unknown': register_variant\(Variant\('t2t_vit_unknown'"):
+        register_model(t2t_vit_unknown)
+    assert 't2t_vit_unknown' not in list_models()
+
+
+# ---------------------------------------------------------------- the timm-style contract, one property per test
+@pytest.mark.parametrize('name', MODELS)
+def test_forward(name):
+    "Training-mode forward at 32 px: (B, num_classes) logits, all finite."
+    out = _small(name)(_x(32, 32))
+    assert out.shape == (2, 42) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_backward(name):
+    "Every trainable parameter receives a finite, non-zero gradient."
+    model = _small(name)
+    model(_x(32, 32)).logsumexp(-1).sum().backward()
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    no_grad = [n for n, p in params if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not no_grad, f"no (finite) gradient for {no_grad}"
+    zero = [n for n, p in params if p.grad.abs().sum() == 0]
+    assert not zero, f"a zero gradient for {zero}"
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_forward_features_and_head(name):
+    "forward_features gives the normed tokens, forward_head(pre_logits) their cls token, forward_head the logits."
+    model, x = _small(name).eval(), _x(32, 32)
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        assert feats.shape == (2, 1 + 4, model.num_features)         # 32 px -> 2 x 2 tokens + cls
+        pre = model.forward_head(feats, pre_logits=True)
+        assert pre.shape == (2, model.num_features) and torch.equal(pre, feats[:, 0])
+        torch.testing.assert_close(model.forward_head(feats), model(x))
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_reset_classifier(name):
+    "get_classifier is the head; reset_classifier(0) removes it (forward returns features), reset_classifier(7) makes a new one."
+    model, x = _small(name).eval(), _x(32, 32)
+    assert model.get_classifier() is model.head and model.head.out_features == 42
+    with torch.no_grad():
+        pre = model.forward_head(model.forward_features(x), pre_logits=True)
+        model.reset_classifier(0)
+        assert isinstance(model.get_classifier(), nn.Identity) and model.num_classes == 0
+        torch.testing.assert_close(model(x), pre)                     # features come out
+        model.reset_classifier(7)
+        assert model(x).shape == (2, 7) and model.default_cfg['num_classes'] == 7
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_no_weight_decay(name):
+    model = _small(name)
+    names = set(dict(model.named_parameters())) | set(dict(model.named_buffers()))
+    assert {'cls_token'} <= model.no_weight_decay() <= names
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_torch_compile_fullgraph(name):
+    "Graph capture without a single break (eager backend: capture only, fast), same output."
+    torch._dynamo.reset()  # the variants share code objects: start each from a clean compile cache
+    model, x = _small(name).eval(), _x(32, 32)
+    compiled = torch.compile(model, backend='eager', fullgraph=True)
+    with torch.no_grad(): torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize('size', [(32, 48), (64, 40)])
+@pytest.mark.parametrize('name', MODELS)
+def test_any_input_size(name, size):
+    "Built at 32 px, run at a non-square size: finite logits, equal to a model built for that size (sinusoid regenerated)."
+    small = _small(name).eval()
+    built = create_model(name, num_classes=42, img_size=size).eval()
+    built.load_state_dict(checkpoint_filter_fn(small.state_dict(), built), strict=True)
+    x = _x(*size)
+    with torch.no_grad(): out = small(x)
+    assert out.shape == (2, 42) and torch.isfinite(out).all()
+    with torch.no_grad(): torch.testing.assert_close(out, built(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('name', MODELS)
 def test_default_cfg(name):
-    cfg = create_model(name, img_size=32).default_cfg
-    size = 384 if name.endswith('_384') else 224
+    "default_cfg reads the variant's fields: its size, release file and address, and follows img_size and num_classes."
+    v = get_variant(name)
+    cfg = create_model(name, img_size=32, num_classes=5).default_cfg
     assert cfg['architecture'] == name and cfg['classifier'] == 'head'
     assert cfg['crop_pct'] == 0.9 and cfg['interpolation'] == 'bicubic'
     assert cfg['mean'] == (0.485, 0.456, 0.406) and cfg['std'] == (0.229, 0.224, 0.225)
-    assert cfg['input_size'] == (3, 32, 32)  # follows the override
-    assert cfg['file'].endswith('.pth.tar') and cfg['url'].endswith(cfg['file'])
-    assert create_model(name, pretrained=False).default_cfg['input_size'] == (3, size, size)
+    assert cfg['input_size'] == (3, 32, 32) and cfg['num_classes'] == 5  # follow the overrides
+    assert (cfg['file'], cfg['url'], cfg['top1']) == (v.file, v.url, v.top1)
+    assert v.file is None or (cfg['file'].endswith('.pth.tar') and cfg['url'].endswith(cfg['file']))
+    model = create_model(name, pretrained=False)
+    assert model.default_cfg['input_size'] == (3, v.img_size, v.img_size) and model.img_size == (v.img_size, v.img_size)
+    assert model.pretrained_cfg is model.default_cfg
 
 
 @pytest.mark.parametrize('name', sorted(OFFICIAL))
@@ -68,12 +242,12 @@ def test_official_state_dict_layout(name):
     ('tiny_transformer_64', dict(TINY, tokens_type='transformer')),
     ('t2t_vit_7_224', None),
 ])
-@pytest.mark.parametrize('fused', [True, False])
-def test_golden_logits(fname, kwargs, fused):
+@pytest.mark.parametrize('fast', [True, False])
+def test_golden_logits(fname, kwargs, fast):
     g = torch.load(REF / 'golden' / f'{fname}.pt')
     model = T2TViT(**kwargs) if kwargs else create_model('t2t_vit_7')
     model.load_state_dict(g['state_dict'], strict=True)
-    set_fused_attn(model.eval(), fused)
+    set_fast_paths(model.eval(), fast)
     with torch.no_grad():
         tokens = model.tokens_to_token(g['input'])
         features = model.forward_head(model.forward_features(g['input']), pre_logits=True)
@@ -81,38 +255,6 @@ def test_golden_logits(fname, kwargs, fused):
     torch.testing.assert_close(tokens, g['t2t_tokens'], atol=1e-4, rtol=0)
     torch.testing.assert_close(features, g['features'], atol=1e-4, rtol=0)
     torch.testing.assert_close(logits, g['logits'], atol=1e-4, rtol=0)
-
-
-@pytest.mark.parametrize('name', list(MODEL_SPECS))
-def test_contract(name):
-    "timm-style contract at 32 px: shapes, finite outputs, gradients everywhere, pre_logits, reset_classifier, compile."
-    torch.manual_seed(0)
-    torch._dynamo.reset()  # the variants share code objects: start each from a clean compile cache
-    model = create_model(name, num_classes=42, img_size=32)
-    x = torch.randn(2, 3, 32, 32)
-    # training mode: every trainable parameter receives a gradient
-    out = model(x)
-    assert out.shape == (2, 42) and torch.isfinite(out).all()
-    out.logsumexp(-1).sum().backward()
-    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not torch.isfinite(p.grad).all())]
-    assert not no_grad, f"no (finite) gradient for {no_grad}"
-    assert all(p.grad.abs().sum() > 0 for n, p in model.named_parameters() if p.requires_grad), "a zero gradient"
-    model.eval()
-    with torch.no_grad():
-        feats = model.forward_features(x)
-        assert feats.shape == (2, 1 + 4, model.num_features)           # 32 px -> 2 x 2 tokens + cls
-        pre = model.forward_head(feats, pre_logits=True)
-        assert pre.shape == (2, model.num_features) and torch.equal(pre, feats[:, 0])
-        torch.testing.assert_close(model.forward_head(feats), model(x))
-        assert model.get_classifier() is model.head and model.head.out_features == 42
-        assert model.no_weight_decay() >= {'cls_token'}
-        compiled = torch.compile(model, backend='eager', fullgraph=True)  # graph capture without a single break
-        torch.testing.assert_close(compiled(x), model(x))
-        model.reset_classifier(0)
-        assert isinstance(model.get_classifier(), nn.Identity)
-        torch.testing.assert_close(model(x), pre)                       # features come out
-        model.reset_classifier(7)
-        assert model(x).shape == (2, 7)
 
 
 def test_torch_compile_inductor():
@@ -123,7 +265,7 @@ def test_torch_compile_inductor():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', list(MODEL_SPECS))
+@pytest.mark.parametrize('name', MODELS)
 def test_torch_compile_inductor_all(name):
     model = create_model(name, img_size=32, num_classes=10).eval()
     x = torch.randn(2, 3, 32, 32)
@@ -244,7 +386,7 @@ def test_wrong_variant_is_named():
     with pytest.raises(TypeError, match='a checkpoint must be a dict'): checkpoint_filter_fn([1, 2], create_model('t2t_vit_7'))
 
 
-@pytest.mark.parametrize('name, img_size', [(n, None) for n in MODEL_SPECS] + [('t2t_vit_t_14', 384)])
+@pytest.mark.parametrize('name, img_size', [(n, None) for n in MODELS if official_name(n) in OFFICIAL_MACS] + [('t2t_vit_t_14', 384)])
 def test_macs_match_official(name, img_size):
     model = create_model(name, **({'img_size': img_size} if img_size else {}))
     key = official_name(name) if img_size is None else f'{name}@{img_size}'
@@ -261,27 +403,6 @@ def test_macs_match_official(name, img_size):
 def test_count_macs_fake_equals_real():
     model = create_model('t2t_vit_7', img_size=64)
     assert count_macs(model, 64) == count_macs(model, 64, fake=False)
-
-
-@pytest.mark.parametrize('tokens_type', ['performer', 'transformer'])
-def test_fast_path_equals_naive_path_in_training(tokens_type):
-    "The default path (SDPA, Performer matmuls, cls-only last block) and the official computation: same loss and gradients."
-    torch.manual_seed(0)
-    fast = T2TViT(**dict(TINY, tokens_type=tokens_type, drop_path_rate=0.2)).train()
-    naive = set_fused_attn(T2TViT(**dict(TINY, tokens_type=tokens_type, drop_path_rate=0.2)).train(), False)
-    naive.load_state_dict(fast.state_dict())
-    for m in (fast, naive):  # the Performer's hard-coded dropouts off: their masks would differ between the paths
-        for mod in m.modules():
-            if isinstance(mod, nn.Dropout): mod.p = 0.
-    x, y = torch.randn(4, 3, 64, 64), torch.tensor([1, 2, 3, 4])
-    results = []
-    for m in (fast, naive):
-        torch.manual_seed(1)  # the same drop-path draws
-        loss = nn.functional.cross_entropy(m(x), y)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
-    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
-    for n, g in results[0][1].items(): torch.testing.assert_close(g, results[1][1][n], atol=1e-5, rtol=1e-4, msg=n)
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
