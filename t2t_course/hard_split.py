@@ -33,10 +33,12 @@ class PatchEmbed(nn.Module):
                  img_size=224,    # input size the model is built for: int or (H, W)
                  patch_size=16,   # P: int or (P_h, P_w)
                  in_chans:int=3,  # C
-                 embed_dim:int=768 # D
+                 embed_dim:int=768, # D
+                 strict_img_size:bool=True  # refuse inputs of another size; False: any size the patch divides
                 ):
         super().__init__()
         self.img_size, self.patch_size = to_2tuple(img_size, 'img_size'), to_2tuple(patch_size, 'patch_size')
+        self.strict_img_size = strict_img_size
         (H, W), (ph, pw) = self.img_size, self.patch_size
         if H % ph or W % pw:
             raise ValueError(f"patch_size {self.patch_size} does not divide img_size {self.img_size}")
@@ -49,11 +51,18 @@ class PatchEmbed(nn.Module):
         check_image_batch(x, 'input')
         if x.shape[1] != self.in_chans:
             raise ValueError(f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
-        if tuple(x.shape[-2:]) != self.img_size:
+        if self.strict_img_size and tuple(x.shape[-2:]) != self.img_size:
             raise ValueError(f"input size {tuple(x.shape[-2:])} does not match img_size {self.img_size} "
                              f"this PatchEmbed was built for")
+        self.grid_size_for(x.shape[-2:])                                  # a clear error if the patch does not divide it
         x = self.proj(x)                                                  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)                               # (B, N, D)
+
+    def grid_size_for(self, size) -> tuple:
+        "The token grid `(H/P, W/P)` of an input of `size` (int or (H, W)); ValueError if the patch does not divide it."
+        (H, W), (ph, pw) = to_2tuple(size, 'size'), self.patch_size
+        if H % ph or W % pw: raise ValueError(f"patch_size {self.patch_size} does not divide the input size {(H, W)}")
+        return (H // ph, W // pw)
 
 # %% ../nbs/01_hard_split.ipynb #1b11108c
 class SeedBlock(nn.Module):
