@@ -80,13 +80,16 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
-    def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+    def attend(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        "Every head's softmax(q k^T * scale) v, the heads concatenated: the input of `proj`."
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
         q, k, v = qkv.unbind(0)                                                          # (B, h, N, d) each
         x = attention(q, k, v, self.scale, self.attn_drop.p, self.training, fused=self.fused_attn)  # (B, h, N, d)
-        x = x.transpose(1, 2).reshape(B, N, C)                                           # (B, N, D)
-        return self.proj_drop(self.proj(x))
+        return x.transpose(1, 2).reshape(B, N, C)                                        # (B, N, D)
+
+    def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        return self.proj_drop(self.proj(self.attend(x)))
 
     def forward_cls(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, 1, D)
         "The output of the first (cls) token only: its query against every key, without the other N-1 queries."
@@ -166,14 +169,16 @@ class Block(nn.Module):
                  attn_drop:float=0.,        # dropout on the attention weights
                  drop_path:float=0.,        # stochastic depth rate of both branches
                  act_layer=nn.GELU,         # activation of the MLP
-                 norm_layer=nn.LayerNorm):  # normalization class (LayerNorm, eps 1e-5)
+                 norm_layer=nn.LayerNorm,   # normalization class (LayerNorm, eps 1e-5)
+                 attn_layer=Attention,      # the attention class (chapter 09 swaps in its designs' variants)
+                 mlp_layer=Mlp):            # the MLP class, likewise
         super().__init__()
         self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_scale=qk_scale,
-                              attn_drop=attn_drop, proj_drop=drop)
+        self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, qk_scale=qk_scale,
+                               attn_drop=attn_drop, proj_drop=drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
+        self.mlp = mlp_layer(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
         x = x + self.drop_path(self.attn(self.norm1(x)))

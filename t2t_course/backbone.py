@@ -82,6 +82,7 @@ class Backbone(nn.Module):
                  drop_path_rate:float=0.,    # stochastic depth of the last block (linear from 0)
                  norm_layer=nn.LayerNorm,    # normalization class
                  pos_embed:str='sinusoid',   # 'sinusoid' (fixed buffer, T2T-ViT) or 'learned' (parameter, ViT)
+                 block_fn=Block,             # the block class, called with Block's keyword arguments (chapter 09's designs)
                 ):
         super().__init__()
         if pos_embed not in ('sinusoid', 'learned'): raise ValueError(f"pos_embed must be 'sinusoid' or 'learned', got {pos_embed!r}")
@@ -92,8 +93,8 @@ class Backbone(nn.Module):
         else: self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(p=drop_rate)
         self.blocks = nn.ModuleList([
-            Block(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_scale=qk_scale,
-                  drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr, norm_layer=norm_layer)
+            block_fn(dim=embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_scale=qk_scale,
+                     drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr, norm_layer=norm_layer)
             for dpr in drop_path_rates(drop_path_rate, depth)])
         self.norm = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -154,7 +155,7 @@ class Backbone(nn.Module):
         if global_pool not in (None, 'token'): raise ValueError(f"only cls-token pooling is supported, got {global_pool!r}")
         self.num_classes = num_classes
         if isinstance(getattr(self, 'default_cfg', None), dict): self.default_cfg['num_classes'] = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         if num_classes > 0:
             self.head.to(self.cls_token.device, self.cls_token.dtype)
             init_weights(self.head)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir
 from .t2t_module import T2TModule
+from .attention import Block
 from .backbone import Backbone, get_sinusoid_encoding, is_sinusoid_table
 
 # %% ../nbs/08_models.ipynb #8072ee44
@@ -41,10 +42,12 @@ class T2TViT(Backbone):
                  drop_path_rate:float=0.,      # stochastic depth of the last block
                  norm_layer=nn.LayerNorm,      # normalization class
                  token_dim:int=64,             # width of the tokens inside the T2T module
+                 block_fn=Block,               # the backbone's block class (chapter 09's designs swap it)
                 ):
         tokens_to_token = T2TModule(img_size, tokens_type, in_chans, embed_dim, token_dim)
         super().__init__(tokens_to_token.num_patches, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias,
-                         qk_scale, drop_rate, attn_drop_rate, drop_path_rate, norm_layer, pos_embed='sinusoid')
+                         qk_scale, drop_rate, attn_drop_rate, drop_path_rate, norm_layer, pos_embed='sinusoid',
+                         block_fn=block_fn)
         self.tokens_to_token = tokens_to_token
         self.img_size, self.in_chans, self.tokens_type = to_2tuple(img_size, 'img_size'), in_chans, tokens_type
         self.default_cfg = {}
@@ -114,9 +117,12 @@ def register_model(fn):
 # %% ../nbs/08_models.ipynb #b0ad7246
 def _natural(name:str) -> list: return [int(t) if t.isdigit() else t for t in re.split(r'(\d+)', name)]
 
-def list_models(pattern:str='*') -> list:
-    "Names of the registered models that match the shell-style `pattern`, in natural order (7 before 10)."
-    return sorted((n for n in _model_entrypoints if fnmatch.fnmatch(n, pattern)), key=_natural)
+def list_models(pattern:str='*',       # shell-style pattern the names must match
+                pretrained:bool=False  # only the models with released weights (a `Variant` with a `file`)
+               ) -> list:
+    "Names of the registered models that match `pattern`, in natural order (7 before 10)."
+    names = (n for n in _model_entrypoints if fnmatch.fnmatch(n, pattern))
+    return sorted((n for n in names if not pretrained or VARIANTS[n].file), key=_natural)
 
 def weights_dir() -> Path:
     "Where `pretrained=True` looks for official checkpoints: `$T2T_COURSE_WEIGHTS`, else `default_cache_dir()/weights`."
@@ -265,6 +271,9 @@ def _guess_variant(state_dict:dict) -> str:
     depth = len({k.split('.')[1] for k in state_dict if k.startswith('blocks.')})
     tokens = 'performer' if any(k.endswith('attention1.w') for k in state_dict) else 'transformer'
     names = [n for n, v in VARIANTS.items() if _layout(v) == (D, depth, tokens)]
+    if len(names) > 1:  # the same width, depth and T2T layer (a design of chapter 09?): compare every key and shape
+        def shapes(sd): return {k: tuple(v.shape) for k, v in sd.items() if k != 'pos_embed' and not k.startswith('head.')}
+        names = [n for n in names if shapes(create_model(n).state_dict()) == shapes(state_dict)] or names
     return names[0] if names else f'{tokens} T2T layers, embed_dim {D}, depth {depth}'
 
 def _layout(v:Variant) -> tuple:
