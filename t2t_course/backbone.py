@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['get_sinusoid_encoding', 'is_sinusoid_table', 'drop_path_rates', 'trunc_normal_', 'init_weights', 'Backbone',
-           'resize_pos_embed', 'ViT', 'count_macs']
+           'resize_pos_embed', 'ViT', 'feature_take_indices', 'count_macs']
 
 # %% ../nbs/07_backbone.ipynb #4114671d
 from functools import lru_cache
@@ -116,13 +116,10 @@ class Backbone(nn.Module):
         if self.pos_embed_type == 'sinusoid' and is_sinusoid_table(self.pos_embed):
             return get_sinusoid_encoding(n, self.embed_dim).to(self.pos_embed.device, self.pos_embed.dtype)
         kind = 'learned' if self.pos_embed_type == 'learned' else 'loaded (not the fixed sinusoid)'
-        raise ValueError(f"this model has a {kind} position table for {self.pos_embed.shape[1] - 1} tokens and got "
-                         f"{n - 1}: build it for the new image size and load the checkpoint through checkpoint_filter_fn, "
-                         f"which resizes the table")
+        raise ValueError(f"this model has a {kind} position table for {self.pos_embed.shape[1] - 1} tokens and got {n - 1}: "
+                         f"build it for the new image size and load the checkpoint through checkpoint_filter_fn (it resizes the table)")
 
-    def token_grid(self, size) -> tuple:
-        "The token grid `(h, w)` the tokenizer makes of an input of `size` (None where the position table does not need it)."
-        return None
+    def token_grid(self, size) -> tuple: return None  # the tokenizer's (h, w) grid for an input of `size` (subclasses)
 
     def _sequence(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D)
         "Tokens, with the cls token in front and the position table added: the blocks' input."
@@ -164,6 +161,9 @@ class Backbone(nn.Module):
         "Names of parameters that weight decay should skip (the optimizer skips biases and norms by their shape)."
         return {'cls_token', 'pos_embed'}
 
+    @property
+    def pretrained_cfg(self) -> dict: return getattr(self, 'default_cfg', {})  # timm's newer name (chapter 08 fills it)
+
 # %% ../nbs/07_backbone.ipynb #43e30300
 def resize_pos_embed(pos_embed:torch.Tensor,  # (1, 1 + h*w, D): cls row, then a square h x w grid, row-major
                      new_grid,                # (H, W) of the new table
@@ -187,11 +187,12 @@ def resize_pos_embed(pos_embed:torch.Tensor,  # (1, 1 + h*w, D): cls row, then a
 # %% ../nbs/07_backbone.ipynb #530f03f2
 class ViT(Backbone):
     "The ViT baseline: hard split + linear embedding (`PatchEmbed`), a learned position table, the same blocks and head."
+    first_layer = 'patch_embed.proj'  # where the image goes in (chapter 08's default_cfg)
     def __init__(self, img_size=224, patch_size=16, in_chans:int=3, num_classes:int=1000, embed_dim:int=768,
                  depth:int=12, num_heads:int=12, mlp_ratio:float=4., qkv_bias:bool=True, qk_scale:float=None,
                  drop_rate:float=0., attn_drop_rate:float=0., drop_path_rate:float=0.,
                  pos_embed:str='learned'):  # 'learned' (ViT's) or 'sinusoid' (T2T-ViT's backbone on a hard split)
-        patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, strict_img_size=False)
+        patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, strict_img_size=False, dynamic_img_pad=True)
         super().__init__(patch_embed.num_patches, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias,
                          qk_scale, drop_rate, attn_drop_rate, drop_path_rate, pos_embed=pos_embed)
         self.patch_embed, self.img_size, self.in_chans = patch_embed, patch_embed.img_size, in_chans
@@ -206,6 +207,46 @@ class ViT(Backbone):
         if self.pos_embed_type == 'learned' and n != self.pos_embed.shape[1] and grid is not None:
             return resize_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size)
         return super().position_table(n, grid)
+
+# %% ../nbs/07_backbone.ipynb #43f826d6
+def feature_take_indices(num_blocks:int, indices=None) -> list:
+    "Block indices to take: None -> all, an int n -> the last n, a sequence -> those (negative ones from the end)."
+    if indices is None: return list(range(num_blocks))
+    if isinstance(indices, int):
+        if not 0 < indices <= num_blocks: raise ValueError(f"indices={indices}: take between 1 and {num_blocks} blocks")
+        return list(range(num_blocks - indices, num_blocks))
+    take = [i + num_blocks if i < 0 else i for i in indices]
+    bad = [i for i, t in zip(indices, take) if not 0 <= t < num_blocks]
+    if bad: raise ValueError(f"block indices {bad} out of range for {num_blocks} blocks")
+    return take
+
+def _forward_intermediates(self, x:torch.Tensor, indices=None, norm:bool=False, stop_early:bool=False,
+                           output_fmt:str='NCHW', intermediates_only:bool=False, return_prefix_tokens:bool=False):
+    "The outputs of blocks `indices` as (B, D, h, w) maps ('NCHW') or (B, N, D) tokens ('NLC'); and the final normed tokens."
+    if output_fmt not in ('NCHW', 'NLC'): raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+    take = feature_take_indices(len(self.blocks), indices)
+    B, (h, w) = x.shape[0], self.token_grid(x.shape[-2:])
+    x = self._sequence(x)                                                     # (B, N+1, D)
+    out, last = [], max(take)
+    for i, blk in enumerate(self.blocks[:last + 1] if stop_early or intermediates_only else self.blocks):
+        x = blk(x)                                                            # (B, N+1, D)
+        if i in take:
+            y = self.norm(x) if norm else x
+            tokens = y[:, 1:]                                                 # (B, N, D)
+            if output_fmt == 'NCHW': tokens = tokens.reshape(B, h, w, -1).permute(0, 3, 1, 2)  # (B, D, h, w)
+            out.append((tokens, y[:, :1]) if return_prefix_tokens else tokens)
+    if intermediates_only: return out
+    return self.norm(x), out
+
+def _prune_intermediate_layers(self, indices=1, prune_norm:bool=False, prune_head:bool=True) -> list:
+    "Keep the blocks up to the last of `indices` (and drop the final norm and the head if asked); the kept indices."
+    take = feature_take_indices(len(self.blocks), indices)
+    self.blocks = self.blocks[:max(take) + 1]
+    if prune_norm: self.norm = nn.Identity()
+    if prune_head: self.reset_classifier(0)
+    return take
+
+Backbone.forward_intermediates, Backbone.prune_intermediate_layers = _forward_intermediates, _prune_intermediate_layers
 
 # %% ../nbs/07_backbone.ipynb #40121fd0
 def _register_cpu_sdpa_flops():

@@ -34,16 +34,17 @@ class PatchEmbed(nn.Module):
                  patch_size=16,   # P: int or (P_h, P_w)
                  in_chans:int=3,  # C
                  embed_dim:int=768, # D
-                 strict_img_size:bool=True  # refuse inputs of another size; False: any size the patch divides
+                 strict_img_size:bool=True,  # refuse inputs of another size; False: any size
+                 dynamic_img_pad:bool=False  # pad the bottom and right edges up to a multiple of P (timm's name)
                 ):
         super().__init__()
         self.img_size, self.patch_size = to_2tuple(img_size, 'img_size'), to_2tuple(patch_size, 'patch_size')
-        self.strict_img_size = strict_img_size
+        self.strict_img_size, self.dynamic_img_pad = strict_img_size, dynamic_img_pad
         (H, W), (ph, pw) = self.img_size, self.patch_size
-        if H % ph or W % pw:
+        if (H % ph or W % pw) and not dynamic_img_pad:
             raise ValueError(f"patch_size {self.patch_size} does not divide img_size {self.img_size}")
         self.in_chans, self.embed_dim = in_chans, embed_dim
-        self.grid_size = (H // ph, W // pw)
+        self.grid_size = self.grid_size_for(self.img_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
@@ -54,13 +55,15 @@ class PatchEmbed(nn.Module):
         if self.strict_img_size and tuple(x.shape[-2:]) != self.img_size:
             raise ValueError(f"input size {tuple(x.shape[-2:])} does not match img_size {self.img_size} "
                              f"this PatchEmbed was built for")
-        self.grid_size_for(x.shape[-2:])                                  # a clear error if the patch does not divide it
+        (h, w), (H, W), (ph, pw) = self.grid_size_for(x.shape[-2:]), x.shape[-2:], self.patch_size
+        if self.dynamic_img_pad: x = F.pad(x, (0, w * pw - W, 0, h * ph - H))  # (B, C, h*P, w*P), zeros at the edges
         x = self.proj(x)                                                  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)                               # (B, N, D)
 
     def grid_size_for(self, size) -> tuple:
-        "The token grid `(H/P, W/P)` of an input of `size` (int or (H, W)); ValueError if the patch does not divide it."
+        "The token grid `(H/P, W/P)` of an input of `size` (rounded up with `dynamic_img_pad`; else the patch must divide it)."
         (H, W), (ph, pw) = to_2tuple(size, 'size'), self.patch_size
+        if self.dynamic_img_pad: return (-(-H // ph), -(-W // pw))
         if H % ph or W % pw: raise ValueError(f"patch_size {self.patch_size} does not divide the input size {(H, W)}")
         return (H // ph, W // pw)
 

@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['VARIANTS', 'T2TViT', 'Variant', 'register_variant', 'register_model', 'list_models', 'weights_dir', 'get_variant',
            'create_model', 't2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_19', 't2t_vit_24',
-           't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'checkpoint_state_dicts',
-           'resize_pos_embed', 'checkpoint_filter_fn', 'read_checkpoint', 'load_checkpoint']
+           't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'vit_baseline', 't2t_vit_14_hard_split',
+           'checkpoint_state_dicts', 'checkpoint_filter_fn', 'read_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/08_models.ipynb #37403936
 import argparse, difflib, fnmatch, inspect, math, os, re, warnings
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir
 from .t2t_module import T2TModule
 from .attention import Block
-from .backbone import Backbone, get_sinusoid_encoding, is_sinusoid_table
+from .backbone import Backbone, ViT, get_sinusoid_encoding, is_sinusoid_table, resize_pos_embed
 
 # %% ../nbs/08_models.ipynb #8072ee44
 class T2TViT(Backbone):
@@ -56,8 +56,7 @@ class T2TViT(Backbone):
     def embed_tokens(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
         return self.tokens_to_token(x)
 
-    @property
-    def pretrained_cfg(self) -> dict: return self.default_cfg  # timm's newer name
+    def token_grid(self, size) -> tuple: return self.tokens_to_token.grid_size_for(size)  # (H/16, W/16), about
 
 # %% ../nbs/08_models.ipynb #64e5f552
 _RELEASES = 'https://github.com/yitu-opensource/T2T-ViT/releases/download/main/'
@@ -154,7 +153,7 @@ def _cfg(v:Variant, **kwargs) -> dict:
     return dict(architecture=v.name, file=v.file, url=v.url, top1=v.top1, num_classes=num_classes,
                 input_size=(in_chans, *to_2tuple(img_size, 'img_size')), crop_pct=0.9, interpolation='bicubic',
                 mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier='head',
-                first_layer='tokens_to_token.attention1')
+                first_layer=getattr(v.model_cls, 'first_layer', 'tokens_to_token.attention1'))
 
 def _create(name:str, pretrained=False, **kwargs) -> nn.Module:
     "Build the registered variant `name`, `kwargs` overriding its architecture, with weights if `pretrained`."
@@ -223,6 +222,23 @@ def t2t_vit_14_384(pretrained=False, **kwargs):
     "T2T-ViT-14 built for 384 px (21.7M, 16.42G, 83.3%)."
     return _create('t2t_vit_14_384', pretrained, **kwargs)
 
+# %% ../nbs/08_models.ipynb #1aac08de
+for _v in [
+    Variant('vit_baseline', dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, mlp_ratio=4., qkv_bias=True), model_cls=ViT),
+    Variant('t2t_vit_14_hard_split', dict(patch_size=16, embed_dim=384, depth=14, num_heads=6, mlp_ratio=3., qkv_bias=False,
+                                           pos_embed='sinusoid'), model_cls=ViT),
+]: register_variant(_v)
+
+@register_model
+def vit_baseline(pretrained=False, **kwargs):
+    "ViT-S/16 (the DeiT-S shape): hard split, learned positions, 384 x 12, MLP ratio 4 (22.1M, 4.61G); no released weights here."
+    return _create('vit_baseline', pretrained, **kwargs)
+
+@register_model
+def t2t_vit_14_hard_split(pretrained=False, **kwargs):
+    "T2T-ViT-14's backbone (384 x 14, MLP ratio 3, sinusoid) on a hard split of 16 x 16 patches; no released weights."
+    return _create('t2t_vit_14_hard_split', pretrained, **kwargs)
+
 # %% ../nbs/08_models.ipynb #b4b65b23
 def checkpoint_state_dicts(checkpoint:dict) -> dict:
     "The state_dicts a checkpoint holds, prefixes stripped: {'weights': ..., 'EMA': ...} (EMA only if present)."
@@ -244,25 +260,6 @@ def _strip_prefixes(state_dict:dict) -> dict:
         while k.startswith(('module.', '_orig_mod.')): k = k.split('.', 1)[1]  # DDP and torch.compile wrappers, any order
         out[k] = v
     return out
-
-def resize_pos_embed(pos_embed:torch.Tensor,  # (1, 1 + h*w, D): cls row, then a square h x w grid, row-major
-                     new_grid,                # (H, W) of the new table
-                     old_grid=None,           # (h, w) of the old table; None: a square grid
-                    ) -> torch.Tensor:        # (1, 1 + H*W, D)
-    "Resize a position table by bicubic interpolation on its 2-D grid, keeping the cls row."
-    cls, grid = pos_embed[:, :1], pos_embed[:, 1:]
-    n, D = grid.shape[1], grid.shape[2]
-    if old_grid is None:
-        side = math.isqrt(n)
-        if side * side != n:
-            raise ValueError(f"cannot resize a position table of {n} tokens: not a square grid; pass old_grid=(h, w)")
-        old_grid = (side, side)
-    (h, w), (H, W) = to_2tuple(old_grid, 'old_grid'), to_2tuple(new_grid, 'new_grid')
-    if h * w != n: raise ValueError(f"old_grid {h} x {w} does not hold the table's {n} tokens")
-    grid = grid.reshape(1, h, w, D).permute(0, 3, 1, 2).float()                    # (1, D, h, w)
-    grid = F.interpolate(grid, size=(H, W), mode='bicubic', align_corners=False)   # (1, D, H, W)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, H * W, D).to(pos_embed.dtype)       # (1, H*W, D)
-    return torch.cat([cls, grid], dim=1)
 
 def _guess_variant(state_dict:dict) -> str:
     "The registered variant whose layout matches a state_dict's keys and shapes, or ''."
@@ -293,7 +290,7 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
         if pe.ndim == 3 and pe.shape[-1] == tgt.shape[-1]:
             if is_sinusoid_table(pe): sd['pos_embed'] = get_sinusoid_encoding(tgt.shape[1], tgt.shape[2]).to(pe.dtype)
             else:
-                grid = getattr(getattr(model, 'tokens_to_token', None), 'grid_size', None) or math.isqrt(tgt.shape[1] - 1)
+                grid = model.token_grid(model.img_size) if hasattr(model, 'token_grid') else math.isqrt(tgt.shape[1] - 1)
                 sd['pos_embed'] = resize_pos_embed(pe, grid)
     ckpt_classes = sd['head.weight'].shape[0] if 'head.weight' in sd else None
     model_classes = target['head.weight'].shape[0] if 'head.weight' in target else 0
