@@ -47,14 +47,17 @@ def test_import_is_light():
 
 
 def test_registry():
-    assert list_models() == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384', 't2t_vit_19',
-                             't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
+    assert list_models(pretrained=True) == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384',
+                                            't2t_vit_19', 't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
+    assert list_models() == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384', 't2t_vit_14_resnext',
+                             't2t_vit_14_se', 't2t_vit_14_wide', 't2t_vit_16_ghost', 't2t_vit_19', 't2t_vit_24',
+                             't2t_vit_dense', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']  # with chapter 09's designs
     assert list_models('*_t_*') == ['t2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
     assert list_models('resnet*') == []
     assert t2t_course.create_model is create_model and t2t_course.T2TViT is T2TViT
     with pytest.raises(ValueError, match=r"unknown model 't2t_vit_t14'; did you mean 't2t_vit_t_14'"):
         create_model('t2t_vit_t14')
-    with pytest.raises(ValueError, match=r"unknown model 'vgg16' \(list_models\(\) shows all 10\)"):
+    with pytest.raises(ValueError, match=r"unknown model 'vgg16' \(list_models\(\) shows all 15\)"):
         create_model('vgg16')
 
 
@@ -82,7 +85,7 @@ def test_official_variants_recipes_sizes_and_releases():
 
 def test_get_variant_unknown_name():
     with pytest.raises(ValueError, match=r"unknown model 't2t_vit_t14'; did you mean 't2t_vit_t_14'"): get_variant('t2t_vit_t14')
-    with pytest.raises(ValueError, match=r"unknown model 'vgg16' \(list_models\(\) shows all 10\)"): get_variant('vgg16')
+    with pytest.raises(ValueError, match=r"unknown model 'vgg16' \(list_models\(\) shows all 15\)"): get_variant('vgg16')
 
 
 def test_variant_is_read_only():
