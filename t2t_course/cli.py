@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         meta = f.metadata
         g = groups.get(meta['group']) or groups.setdefault(meta['group'], p.add_argument_group(meta['group']))
         names = [meta.get('flag', '--' + f.name.replace('_', '-'))] + ([meta['short']] if 'short' in meta else [])
-        if f.default is not None: default = _fmt(f.default) if f.type is not bool else ('on' if f.default else 'off')
-        elif 'default_text' in meta: default = meta['default_text']
+        if 'default_text' in meta: default = meta['default_text']
+        elif f.default is not None: default = _fmt(f.default) if f.type is not bool else ('on' if f.default else 'off')
         elif f.name in filled: default = recipe_default_text(f.name, meta.get('none', 'none'))
         else: default = meta.get('none', 'none')
         kw = dict(dest=f.name, help=f"{meta['help']} (default: {default})")

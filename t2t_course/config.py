@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .models import list_models, get_variant
 from .data import DATA_PRESETS, data_name, get_dataset, is_builtin
+from .pipeline import PIPELINES
 from .optim import OPTIMIZERS, SetupError, LR_BASE_BATCH
 from .distributed import env_int
 
@@ -56,6 +57,14 @@ class TrainConfig:
                              "is dropped) or 'official' for the release file", group=DATA, default_text="random init")
     img_size: int = option("training and evaluation size in pixels", group=DATA)
     data_preset: str = option("augmentation preset of chapter 10", group=DATA, choices=list(DATA_PRESETS))
+    pipeline: str = option("how files become batches (chapter 11): pil decodes whole files with PIL in the workers; draft "
+                           "draws the crop first and decodes JPEGs at the coarsest DCT scale that keeps it, with pil's draws "
+                           "and kernels; gpu reads bytes in the workers, decodes with nvJPEG and augments on the GPU (CUDA only; "
+                           "RandAugment's rotations and shears bilinear)", 'draft', group=DATA, choices=list(PIPELINES),
+                           default_text="draft, on the CPU and on a GPU: it is the recipe's images exactly (pil's wherever the "
+                                        "crop needs the full resolution) and measured faster than pil; gpu is not the default on "
+                                        "GPUs because its speed there has not been measured yet and its geometric RandAugment "
+                                        "ops are bilinear")
     workers: int = option("data-loading processes per training process, at most the CPUs per process", group=DATA)
     threads: int = option("torch CPU threads per process in a CPU run", group=DATA, none="torch's default")
     skip_bad_images: bool = option("skip (and report) images that cannot be decoded instead of stopping at the first "
@@ -143,6 +152,7 @@ def check_config(cfg:TrainConfig) -> TrainConfig:
     need(cfg.model in list_models(), f"unknown model {cfg.model!r}: choose from {', '.join(list_models())}")
     need(isinstance(cfg.model_kwargs, dict), f"model_kwargs must be a dict, got {cfg.model_kwargs!r}")
     need(cfg.data_preset in DATA_PRESETS, f"data_preset must be one of {', '.join(DATA_PRESETS)}, got {cfg.data_preset!r}")
+    need(cfg.pipeline in PIPELINES, f"pipeline must be one of {', '.join(PIPELINES)}, got {cfg.pipeline!r}")
     need(isinstance(cfg.img_size, int) and cfg.img_size >= 16, f"img_size must be an int >= 16, got {cfg.img_size!r}")
     positive_int('epochs'); positive_int('batch_size')
     need(isinstance(cfg.cooldown_epochs, int) and cfg.cooldown_epochs >= 0, f"cooldown_epochs must be >= 0, got {cfg.cooldown_epochs!r}")

@@ -184,8 +184,7 @@ def collate_skip_bad(batch:list) -> Batch:
     good = [s for s in batch if not isinstance(s, BadSample)]
     skipped = [(s.path, s.error) for s in batch if isinstance(s, BadSample)]
     if not good: return Batch(None, None, skipped)
-    images, targets = default_collate(good)  # (B, 3, H, W), (B,)
-    return Batch(images, targets, skipped)
+    return Batch(*default_collate(good), skipped)  # images (B, 3, H, W), targets (B,)
 
 class BadImageLog:
     "Accumulates the samples the loaders skipped, `(path, error)` pairs, for the end-of-run report."
@@ -219,18 +218,18 @@ def create_loader(dataset, batch_size:int,      # samples per batch (per process
                   drop_last:bool=False,         # drop the last incomplete batch (training)
                   pin_memory:bool=False,        # page-locked batches for faster copies to the GPU
                   generator=None,               # a torch.Generator for reproducible shuffling
-                  persistent_workers:bool=False # keep worker processes alive between epochs
+                  persistent_workers:bool=False,# keep worker processes alive between epochs
+                  collate_fn=collate_skip_bad   # samples -> `Batch` (chapter 11's gpu pipeline keeps encoded files)
                  ) -> DataLoader:
     "A `DataLoader` whose batches are `Batch(images, targets, skipped)` (see `collate_skip_bad`)."
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
-                      num_workers=num_workers, collate_fn=collate_skip_bad, drop_last=drop_last,
+                      num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last,
                       pin_memory=pin_memory, generator=generator, worker_init_fn=_worker_ignores_sigterm,
                       persistent_workers=persistent_workers and num_workers > 0)
 
 def _worker_ignores_sigterm(worker_id:int):
     "Loader workers ignore SIGTERM and SIGINT: a stop sent to the whole process group (Slurm, `kill -TERM -PGID`, Ctrl-C) is the main process's to handle; it shuts its workers down."
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)
 
 # %% ../nbs/10_data.ipynb #2bc24911
 def mean_fill(mean=IMAGENET_DEFAULT_MEAN) -> tuple:

@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from .core import set_seed, in_ipython
 from .models import create_model
-from .data import BadImageLog, MixupCutmix, create_datasets, create_loader, create_loss, data_name, data_root, get_dataset, is_builtin
+from .data import BadImageLog, MixupCutmix, create_loader, create_loss, data_name, data_root, get_dataset, is_builtin
+from .pipeline import create_pipeline
 from .optim import (SetupError, ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer,
                               LR_BASE_BATCH)
 from .distributed import (DistEnv, EpochSampler, SeededDataset, ShardSampler, StopVote, all_gather_objects,
@@ -170,20 +171,25 @@ def build_model(cfg:TrainConfig, num_classes:int) -> nn.Module:
 def _build_data(run:Run):
     "Datasets, sampler, loaders, mixing and loss of `run.cfg`."
     cfg, env = run.cfg, run.env
+    if cfg.pipeline == 'gpu' and env.device.type != 'cuda':
+        raise SetupError(f"--pipeline gpu decodes and augments on a CUDA GPU, and this run is on the {env.device.type}: use "
+                         f"--pipeline draft (the default) or pil")
     try:
-        run.train_ds, run.val_ds = create_datasets(data_root(cfg.data), cfg.img_size, cfg.data_preset,
-                                                   skip_bad_images=cfg.skip_bad_images)
+        pipe = create_pipeline(cfg.pipeline, data_root(cfg.data), cfg.img_size, cfg.data_preset, cfg.skip_bad_images)
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e
+    run.train_ds, run.val_ds = pipe.train, pipe.val
     run.classes, run.global_batch = list(run.train_ds.classes), cfg.batch_size * env.world_size
     run.sampler = EpochSampler(run.train_ds, env.world_size, env.rank, shuffle=True, seed=cfg.seed)
     run.steps_per_epoch = run.sampler.num_samples // cfg.batch_size  # full batches only (drop_last)
     if run.steps_per_epoch == 0:
         raise SetupError(f"the training split has {len(run.train_ds)} images, fewer than one global batch of "
                          f"{run.global_batch} ({cfg.batch_size} per process x {env.world_size}): lower --batch-size")
-    common = dict(num_workers=cfg.workers, pin_memory=env.device.type == 'cuda', persistent_workers=cfg.workers > 0,
-                  generator=torch.Generator().manual_seed(cfg.seed))  # own generator: iterators leave the global one alone
-    run.train_dl = create_loader(SeededDataset(run.train_ds, cfg.seed), cfg.batch_size, sampler=run.sampler, drop_last=True, **common)
-    run.val_dl = create_loader(run.val_ds, cfg.batch_size, sampler=ShardSampler(len(run.val_ds), env.rank, env.world_size), **common)
+    common = dict(num_workers=cfg.workers, pin_memory=env.device.type == 'cuda' and pipe.name != 'gpu', collate_fn=pipe.collate_fn,
+                  persistent_workers=cfg.workers > 0, generator=torch.Generator().manual_seed(cfg.seed))  # own generator: iterators leave the global one alone
+    run.train_dl = pipe.wrap(create_loader(SeededDataset(run.train_ds, cfg.seed), cfg.batch_size, sampler=run.sampler,
+                                           drop_last=True, **common), 'train', env.device, cfg.skip_bad_images)
+    run.val_dl = pipe.wrap(create_loader(run.val_ds, cfg.batch_size, sampler=ShardSampler(len(run.val_ds), env.rank, env.world_size),
+                                         **common), 'val', env.device, cfg.skip_bad_images)
     run.mixer = MixupCutmix(len(run.classes), cfg.mixup, cfg.cutmix, cfg.mix_prob)
     run.loss_fn = create_loss(True, cfg.smoothing)
 
@@ -480,6 +486,8 @@ def _result(run:Run, interrupted:int) -> TrainResult:
     elapsed = time.perf_counter() - run.t_start
     r = TrainResult(run.cfg, st.history[-1] if st.history else {}, st.history, run.out, run.last_path, run.best_path,
                     run.out / 'metrics.csv', run.out / 'curves.png', st.epoch, interrupted, elapsed, bad, val_bad)
+    for name, dl in (('training', run.train_dl), ('validation', run.val_dl)):
+        if hasattr(dl, 'report'): run.log(f'{name} pipeline gpu: {dl.report()}')  # nvJPEG's fallbacks, on rank 0
     if bad.count: run.log('training: ' + bad.report())
     if val_bad.count: run.log('validation (not counted in the accuracy): ' + val_bad.report())
     if interrupted:
