@@ -54,7 +54,9 @@ def recipe_default_text(name:str,       # a `TrainConfig` field that a recipe fi
     for m, v in folder.items():
         if v != common: deviations.setdefault(_fmt(v, none), []).append(m)
     dev = '; '.join(f"{', '.join(ms)}: {v}" for v, ms in deviations.items())
-    return '; '.join(parts + [f"a folder: {_fmt(common, none)}{f' ({dev})' if dev else ''}"])
+    ft = recipe(None, '/a/folder', pretrained='weights.pth')[name]
+    tail = [f"fine-tuning (a folder and --pretrained): {_fmt(ft, none)}"] if ft != common else []
+    return '; '.join(parts + [f"a folder: {_fmt(common, none)}{f' ({dev})' if dev else ''}"] + tail)
 
 # %% ../nbs/18_cli.ipynb #e44b3dc1
 def build_parser() -> argparse.ArgumentParser:

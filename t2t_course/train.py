@@ -62,9 +62,9 @@ class TrainState:
         "Continue from a checkpoint: this run's hyper-parameters (weight decay, EMA decay, schedule) are kept."
         self.model.load_state_dict(ck['state_dict'])
         if self.ema is not None and ck.get('ema'): self.ema.load_ema_state(ck['state_dict_ema'], ck['ema'])
-        decays = [g['weight_decay'] for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(ck['optimizer'])      # the moments; then this run's weight decay again
-        for g, wd in zip(self.optimizer.param_groups, decays): g['weight_decay'] = wd
+        mine = [(g['weight_decay'], g.get('lr_scale', 1.)) for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(ck['optimizer'])      # the moments; then this run's weight decay and lr scales again
+        for g, (wd, scale) in zip(self.optimizer.param_groups, mine): g['weight_decay'], g['lr_scale'] = wd, scale
         self.schedule.load_state_dict(ck['scheduler'])       # the step count only
         if ck['scaler']: self.scaler.load_state_dict(ck['scaler'])
         for k in ('epoch', 'batch', 'step', 'partial', 'history', 'best', 'elapsed'): setattr(self, k, ck[k])
@@ -199,7 +199,7 @@ def _build_state(run:Run) -> TrainState:
     model = build_model(cfg, len(run.classes)).to(dev)
     run.dtype = amp_dtype(cfg.amp, dev)
     k = run.global_batch / LR_BASE_BATCH
-    opt = create_optimizer(model, cfg.lr * k, cfg.weight_decay, cfg.opt, momentum=cfg.momentum)
+    opt = create_optimizer(model, cfg.lr * k, cfg.weight_decay, cfg.opt, cfg.backbone_lr_scale, momentum=cfg.momentum)
     run.total_epochs = cfg.epochs + cfg.cooldown_epochs
     schedule = WarmupCosineSchedule(opt, cfg.lr * k, round(cfg.warmup_epochs * run.steps_per_epoch),
                                     cfg.epochs * run.steps_per_epoch, cfg.min_lr * k, cfg.warmup_lr * k)
@@ -234,6 +234,9 @@ def resume(run:Run, path):
         if old.get(k) != getattr(cfg, k):
             raise SetupError(f"cannot resume {path}: it was trained with {k}={old.get(k)!r}, this run has {getattr(cfg, k)!r}")
     if ck['classes'] != run.classes: raise SetupError(f"cannot resume {path}: its classes differ from those of {cfg.data}")
+    if len(ck['optimizer']['param_groups']) != len(run.state.optimizer.param_groups) or old.get('opt', 'adamw') != cfg.opt:
+        raise SetupError(f"cannot resume {path} with another optimizer setup: it ran {old.get('opt', 'adamw')} with backbone_lr_scale "
+                         f"{old.get('backbone_lr_scale', 1.)}, this run {cfg.opt} with {cfg.backbone_lr_scale}")
     if ck['batch'] and (ck['world_size'] != run.env.world_size or old.get('batch_size') != cfg.batch_size):
         raise SetupError(f"cannot resume {path} in the middle of an epoch with another batch: it ran {old.get('batch_size')} "
                          f"per process x {ck['world_size']}, this run {cfg.batch_size} x {run.env.world_size}")
