@@ -1,15 +1,18 @@
 """Training speed on one GPU: synthetic-data training throughput (img/s) and model FLOP utilisation (MFU) of T2T-ViT-14 at
 224 px in bf16, eager and torch.compile'd, with the training loop's own step (mixing, label smoothing, fused AdamW, EMA);
-then data-loader throughput (img/s, and per worker) of the recipe's training transform on a folder of generated JPEGs.
-Finishes within 5 minutes on one H200-class GPU (compilation is most of it).
+at batch 64 per GPU (the recipe's) and 256; then data-loader throughput (img/s, and per worker) of the recipe's training
+transform on a folder of generated JPEGs, plain and with pinned memory and the copy to the GPU. The PIL pipeline only:
+benchmarks/data_pipeline.py compares the pipelines. Finishes within about 6 minutes on one H200-class GPU (compilation
+is most of it).
 
     python benchmarks/gpu_train.py                      # the full benchmark; needs a CUDA GPU
-    python benchmarks/gpu_train.py --batch-size 128 --workers 1 8 16
+    python benchmarks/gpu_train.py --batch-size 128 --workers 1 8 16 --peak-tflops 835
     python benchmarks/gpu_train.py --device cpu --smoke # a tiny version of every measurement, to test this script
 
 MFU = img/s x 6 x MACs / peak, where MACs is the forward pass per image counted as fvcore does (`count_macs`), a
 training step is taken as 3 forward passes, and 2 FLOPs make a MAC; the peak is the GPU's dense bf16 tensor-core rate
-(a table for common GPUs, or --peak-tflops). As usual for MFU the count is the model's, every token through every
+(a table for common GPUs matched against torch's device name, which tells an H200 NVL, 835, from an H200 SXM, 989;
+or --peak-tflops). As usual for MFU the count is the model's, every token through every
 block; the library's fast path computes only the cls token in the last block (about 5% of T2T-ViT-14's MACs), so the
 GPU does slightly less arithmetic than the count credits it with.
 """
@@ -27,15 +30,18 @@ from t2t_course.data import (ImageFolderDataset, MixupCutmix, create_loader, cre
 from t2t_course.optim import ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer
 from t2t_course.train import TrainState, train_step
 
-# dense bf16 tensor-core peaks in TFLOPS (vendor data sheets, without sparsity)
-PEAK_BF16_TFLOPS = {'H200': 989.4, 'H100 PCIe': 756.0, 'H100': 989.4, 'GH200': 989.4, 'A100': 312.0, 'L40S': 362.1,
-                    'A10G': 70.0, 'L4': 121.0}
+# dense bf16 tensor-core peaks in TFLOPS (vendor data sheets, without sparsity), matched against torch's device name,
+# longer names first: the NVL (PCIe, 600 W class) parts are slower than the SXM ones, and torch's name says "NVL" for them
+# ("NVIDIA H200 NVL", "NVIDIA H100 NVL"), while the SXM parts are plain "NVIDIA H200" / "NVIDIA H100 80GB HBM3".
+PEAK_BF16_TFLOPS = {'H200 NVL': 835.0, 'H100 NVL': 835.0, 'H100 PCIe': 756.0, 'H200': 989.4, 'H100': 989.4, 'GH200': 989.4,
+                    'A100': 312.0, 'L40S': 362.1, 'A10G': 70.0, 'L4': 121.0}
 
 
 def peak_tflops(name:str):
-    for key, v in PEAK_BF16_TFLOPS.items():  # the longer names first where they overlap ('H100 PCIe' before 'H100')
-        if key in name: return v
-    return None
+    "(table key, dense bf16 TFLOPS) of the first entry whose key is in `name`, longest keys first; (None, None) if none."
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
+        if key in name: return key, PEAK_BF16_TFLOPS[key]
+    return None, None
 
 
 def sync(device):
@@ -83,18 +89,21 @@ def make_jpegs(root:Path, n:int, size=(375, 500)):
         Image.fromarray(img).save(d / f'{i:05d}.JPEG', quality=90)
 
 
-def loader_throughput(root:Path, img_size:int, workers:int, n_images:int, batch:int):
-    "img/s of the recipe's training transform through `create_loader` with `workers` processes (start-up excluded)."
+def loader_throughput(root:Path, img_size:int, workers:int, n_images:int, batch:int, device=None):
+    "img/s of the recipe's training transform through `create_loader` with `workers` processes (start-up excluded); with a CUDA `device`, pinned batches copied to it (synchronised)."
     ds = ImageFolderDataset(root, create_train_transform(img_size))
     sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=n_images + batch * max(workers, 1) * 2,
                                              generator=torch.Generator().manual_seed(0))
-    dl = create_loader(ds, batch, sampler=sampler, num_workers=workers, drop_last=True)
+    pin = device is not None and device.type == 'cuda'
+    dl = create_loader(ds, batch, sampler=sampler, num_workers=workers, drop_last=True, pin_memory=pin)
     it = iter(dl)
     for _ in range(max(workers, 1) * 2): next(it)  # let every worker start and fill its prefetch queue once
     t, n = time.perf_counter(), 0
     while n < n_images:
         images, _, _ = next(it)
+        if pin: images = images.to(device, non_blocking=True)
         n += len(images)
+    if pin: torch.cuda.synchronize(device)
     dt = time.perf_counter() - t
     del it
     return n / dt
@@ -104,7 +113,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--model', default='t2t_vit_14', help='model to train (default: t2t_vit_14)')
     p.add_argument('--img-size', type=int, default=224, help='image size (default: 224)')
-    p.add_argument('--batch-size', type=int, default=256, help='images per training step (default: 256)')
+    p.add_argument('--batch-size', type=int, nargs='+', default=[64, 256],
+                   help="images per training step and GPU, each measured (default: 64, the recipe's per GPU, and 256)")
     p.add_argument('--steps', type=int, default=30, help='timed training steps per mode (default: 30)')
     p.add_argument('--warmup', type=int, default=5, help='untimed steps first, compilation included (default: 5)')
     p.add_argument('--amp', default='bf16', choices=['bf16', 'fp16', 'off'], help='autocast dtype (default: bf16)')
@@ -112,7 +122,9 @@ def main(argv=None):
                    help='data-loader worker counts to measure (default: 1, 4, 8 and the number of CPUs)')
     p.add_argument('--loader-images', type=int, default=400, help='images decoded per worker and measurement (default: 400)')
     p.add_argument('--no-compile', dest='compile', action='store_false', help='skip the compiled mode (default: measure it)')
-    p.add_argument('--peak-tflops', type=float, default=None, help='dense bf16 peak of the GPU for MFU (default: from a table of common GPUs)')
+    p.add_argument('--peak-tflops', type=float, default=None,
+                   help="dense bf16 peak of the GPU for MFU (default: from a table of common GPUs matched against torch's device "
+                        "name, which tells H200/H100 NVL from SXM; pass it for any other part)")
     p.add_argument('--device', default='cuda', help='cuda or cuda:N; cpu only with --smoke (default: cuda)')
     p.add_argument('--smoke', action='store_true', help='tiny sizes, to check that the script runs (default: off)')
     a = p.parse_args(argv)
@@ -126,14 +138,19 @@ def main(argv=None):
         return 2
     model_kwargs = {}
     if a.smoke:
-        a.model, a.img_size, a.batch_size, a.steps, a.warmup, a.loader_images = 't2t_vit_7', 32, 4, 2, 1, 16
+        a.model, a.img_size, a.batch_size, a.steps, a.warmup, a.loader_images = 't2t_vit_7', 32, [2, 4], 2, 1, 16
         model_kwargs = dict(embed_dim=32, depth=1, num_heads=2, mlp_ratio=2., token_dim=16)
         a.workers, a.compile = a.workers or [1], a.compile and device.type == 'cuda'
         torch.set_num_threads(1)
     workers = a.workers or sorted({1, 4, 8, os.cpu_count() or 1})
     dtype = amp_dtype(a.amp, device) if a.amp != 'off' else None
     name = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'
-    peak = a.peak_tflops or (peak_tflops(name) if device.type == 'cuda' else None)
+    key, table_peak = peak_tflops(name) if device.type == 'cuda' else (None, None)
+    peak = a.peak_tflops or table_peak
+    if a.peak_tflops: peak_src = f'{peak:g} TFLOPS dense bf16, from --peak-tflops'
+    elif peak: peak_src = (f"{peak:g} TFLOPS dense bf16, the table's '{key}' entry (matched in the device name; an NVL part "
+                           f"reports 'NVL' in its name and gets the NVL peak, else pass --peak-tflops)")
+    else: peak_src = 'unknown: pass --peak-tflops for MFU'
     if device.type == 'cuda':
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -143,31 +160,37 @@ def main(argv=None):
     del probe
     print(f"{a.model} at {a.img_size} px: {macs / 1e9:.3f} GMACs per image forward (fvcore convention); training step "
           f"= 6 x MACs = {6 * macs / 1e9:.2f} GFLOPs per image")
-    print(f"device {name}, torch {torch.__version__}, amp {a.amp}, batch {a.batch_size}, {a.steps} timed steps after {a.warmup}; "
-          f"peak {f'{peak:g} TFLOPS (dense bf16)' if peak else 'unknown (pass --peak-tflops)'}")
+    print(f"device: {name}; torch {torch.__version__}, amp {a.amp}, {a.steps} timed steps after {a.warmup}")
+    print(f"peak: {peak_src}")
     rows = []
-    for compile in ([False, True] if a.compile else [False]):
-        ips, t_warm, mem = train_throughput(a.model, a.img_size, a.batch_size, a.steps, a.warmup, device, dtype, compile, model_kwargs)
-        mfu = ips * 6 * macs / (peak * 1e12) if peak else None
-        mode = 'compiled' if compile else 'eager'
-        rows.append((mode, ips, mfu))
-        print(f"train {mode:>8}: {ips:9.1f} img/s   MFU {f'{100 * mfu:5.1f}%' if mfu is not None else 'n/a'}   "
-              f"(first {a.warmup} steps {t_warm:.1f}s, peak memory {mem:.1f} GiB)", flush=True)
-    if len(rows) == 2: print(f"compiled / eager: {rows[1][1] / rows[0][1]:.2f}x")
+    for batch in a.batch_size:
+        for compile in ([False, True] if a.compile else [False]):
+            ips, t_warm, mem = train_throughput(a.model, a.img_size, batch, a.steps, a.warmup, device, dtype, compile, model_kwargs)
+            mfu = ips * 6 * macs / (peak * 1e12) if peak else None
+            mode = 'compiled' if compile else 'eager'
+            rows.append((batch, mode, ips, mfu))
+            print(f"train batch {batch:>4} {mode:>8}: {ips:9.1f} img/s   MFU {f'{100 * mfu:5.1f}%' if mfu is not None else 'n/a'}   "
+                  f"(first {a.warmup} steps {t_warm:.1f}s, peak memory {mem:.1f} GiB)", flush=True)
+    for batch in a.batch_size:
+        r = {m: ips for b, m, ips, _ in rows if b == batch}
+        if len(r) == 2: print(f"batch {batch}: compiled / eager {r['compiled'] / r['eager']:.2f}x")
     tmp = Path(tempfile.mkdtemp(prefix='t2t_bench_jpegs_'))
     try:
-        n_files = 64 if a.smoke else 1000
+        n_files, lb = 64 if a.smoke else 1000, min(64, max(a.batch_size))
         t = time.perf_counter()
         make_jpegs(tmp, n_files, (48, 64) if a.smoke else (375, 500))
         print(f"data loader: {n_files} generated JPEGs ({'48 x 64' if a.smoke else '375 x 500'}, written in "
               f"{time.perf_counter() - t:.1f}s), the 'imagenet' training transform (RandomResizedCrop {a.img_size}, flip, "
-              f"RandAugment, erasing), batch {min(a.batch_size, 64)}")
+              f"RandAugment, erasing), batch {lb}; 'plain': batches on the host, not pinned; 'pinned + copy': pin_memory and "
+              f"the host-to-device copy of every batch included (synchronised; on a GPU only)")
         per_worker = None
         for w in workers:
-            ips = loader_throughput(tmp, a.img_size, w, a.loader_images * max(w, 1), min(a.batch_size, 64))
-            print(f"loader {w:>3} worker(s): {ips:9.1f} img/s   {ips / max(w, 1):7.1f} img/s per worker", flush=True)
-            per_worker = ips / max(w, 1) if per_worker is None else per_worker  # the 1-worker rate, if measured first
-        top = max(r[1] for r in rows)
+            for dev in ([None, device] if device.type == 'cuda' else [None]):
+                ips = loader_throughput(tmp, a.img_size, w, a.loader_images * max(w, 1), lb, dev)
+                how = 'pinned + copy' if dev is not None else 'plain'
+                print(f"loader {w:>3} worker(s), {how:>13}: {ips:9.1f} img/s   {ips / max(w, 1):7.1f} img/s per worker", flush=True)
+                per_worker = ips / max(w, 1) if per_worker is None else per_worker  # the plain 1-worker rate, if measured first
+        top = max(r[2] for r in rows)
         print(f"to feed {top:.0f} img/s the GPU needs about {math.ceil(top / per_worker)} loader workers at "
               f"{per_worker:.0f} img/s per worker")
     finally:

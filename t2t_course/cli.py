@@ -54,7 +54,9 @@ def recipe_default_text(name:str,       # a `TrainConfig` field that a recipe fi
     for m, v in folder.items():
         if v != common: deviations.setdefault(_fmt(v, none), []).append(m)
     dev = '; '.join(f"{', '.join(ms)}: {v}" for v, ms in deviations.items())
-    return '; '.join(parts + [f"a folder: {_fmt(common, none)}{f' ({dev})' if dev else ''}"])
+    ft = recipe(None, '/a/folder', pretrained='weights.pth')[name]
+    tail = [f"fine-tuning (a folder and --pretrained): {_fmt(ft, none)}"] if ft != common else []
+    return '; '.join(parts + [f"a folder: {_fmt(common, none)}{f' ({dev})' if dev else ''}"] + tail)
 
 # %% ../nbs/18_cli.ipynb #e44b3dc1
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         meta = f.metadata
         g = groups.get(meta['group']) or groups.setdefault(meta['group'], p.add_argument_group(meta['group']))
         names = [meta.get('flag', '--' + f.name.replace('_', '-'))] + ([meta['short']] if 'short' in meta else [])
-        if f.default is not None: default = _fmt(f.default) if f.type is not bool else ('on' if f.default else 'off')
-        elif 'default_text' in meta: default = meta['default_text']
+        if 'default_text' in meta: default = meta['default_text']
+        elif f.default is not None: default = _fmt(f.default) if f.type is not bool else ('on' if f.default else 'off')
         elif f.name in filled: default = recipe_default_text(f.name, meta.get('none', 'none'))
         else: default = meta.get('none', 'none')
         kw = dict(dest=f.name, help=f"{meta['help']} (default: {default})")

@@ -184,8 +184,7 @@ def collate_skip_bad(batch:list) -> Batch:
     good = [s for s in batch if not isinstance(s, BadSample)]
     skipped = [(s.path, s.error) for s in batch if isinstance(s, BadSample)]
     if not good: return Batch(None, None, skipped)
-    images, targets = default_collate(good)  # (B, 3, H, W), (B,)
-    return Batch(images, targets, skipped)
+    return Batch(*default_collate(good), skipped)  # images (B, 3, H, W), targets (B,)
 
 class BadImageLog:
     "Accumulates the samples the loaders skipped, `(path, error)` pairs, for the end-of-run report."
@@ -219,18 +218,18 @@ def create_loader(dataset, batch_size:int,      # samples per batch (per process
                   drop_last:bool=False,         # drop the last incomplete batch (training)
                   pin_memory:bool=False,        # page-locked batches for faster copies to the GPU
                   generator=None,               # a torch.Generator for reproducible shuffling
-                  persistent_workers:bool=False # keep worker processes alive between epochs
+                  persistent_workers:bool=False,# keep worker processes alive between epochs
+                  collate_fn=collate_skip_bad   # samples -> `Batch` (chapter 11's gpu pipeline keeps encoded files)
                  ) -> DataLoader:
     "A `DataLoader` whose batches are `Batch(images, targets, skipped)` (see `collate_skip_bad`)."
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
-                      num_workers=num_workers, collate_fn=collate_skip_bad, drop_last=drop_last,
+                      num_workers=num_workers, collate_fn=collate_fn, drop_last=drop_last,
                       pin_memory=pin_memory, generator=generator, worker_init_fn=_worker_ignores_sigterm,
                       persistent_workers=persistent_workers and num_workers > 0)
 
 def _worker_ignores_sigterm(worker_id:int):
     "Loader workers ignore SIGTERM and SIGINT: a stop sent to the whole process group (Slurm, `kill -TERM -PGID`, Ctrl-C) is the main process's to handle; it shuts its workers down."
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_IGN)
 
 # %% ../nbs/10_data.ipynb #2bc24911
 def mean_fill(mean=IMAGENET_DEFAULT_MEAN) -> tuple:
@@ -387,6 +386,8 @@ DATA_PRESETS = {
                      mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5), label_smoothing=0.1),
     'digits': dict(train=dict(scale=(0.8, 1.0), hflip=0., rand_augment=False, re_prob=0.), eval=dict(crop_pct=1.0),
                    mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, prob=0.0, switch_prob=0.5), label_smoothing=0.1),
+    'finetune': dict(train=dict(scale=(0.64, 1.0), rand_augment=False, re_prob=0.), eval=dict(crop_pct=1.0),
+                     mix=dict(mixup_alpha=0.8, cutmix_alpha=1.0, prob=0.0, switch_prob=0.5), label_smoothing=0.),
 }
 
 def create_datasets(root,                        # a folder with train/ and val/ split folders
@@ -463,14 +464,18 @@ def cluttered_sample(digits:np.ndarray,      # (n, 8, 8) digit images in [0, 1]
                      i:int,                  # the digit to place
                      pool,                   # indices the clutter comes from (the split's)
                      rng:np.random.Generator,
-                     canvas:int=64, clutter=(4, 8), scale=(2.5, 4.0)) -> np.ndarray:  # (canvas, canvas) uint8
+                     canvas:int=64,          # side of the square image
+                     clutter=(2, 5),         # fewest and most fragments
+                     scale=(3.0, 4.0),       # the digit's upscaling: 24 to 32 px
+                     fragment=(1 / 5, 1 / 3) # a fragment's side, as a fraction of its (upscaled) digit's
+                    ) -> np.ndarray:         # (canvas, canvas) uint8
     "Digit `i` at a random place of a `canvas` x `canvas` image, among fragments of other digits of `pool`."
     out = np.zeros((canvas, canvas))
     for _ in range(rng.integers(clutter[0], clutter[1] + 1)):
         j = int(rng.choice(pool))
         if j == i: continue
         s = int(8 * rng.uniform(*scale)); big = _upscale(digits[j], s)
-        f = int(rng.integers(s // 4, s // 2 + 1))                        # the fragment's side
+        f = int(rng.integers(int(s * fragment[0]), int(s * fragment[1]) + 1))  # the fragment's side
         y0, x0 = rng.integers(0, s - f + 1, 2); y, x = rng.integers(0, canvas - f + 1, 2)
         out[y:y + f, x:x + f] = np.maximum(out[y:y + f, x:x + f], big[y0:y0 + f, x0:x0 + f])
     s = int(8 * rng.uniform(*scale)); big = _upscale(digits[i], s)
@@ -498,14 +503,14 @@ def _write_cluttered_digits(folder:Path, canvas:int=64, copies=(2, 2), val_frac:
     return dict(source='sklearn.datasets.load_digits', canvas=canvas, copies=list(copies), val_frac=val_frac, seed=seed,
                 counts=counts, classes=[str(c) for c in range(10)])
 
-CLUTTERED_VERSION = 1  # bump when the recipe above changes: the folder name carries it
+CLUTTERED_VERSION = 2  # bump when the recipe above changes: the folder name carries it
 
 def cluttered_digits_folder(cache_dir=None) -> Path:  # None: `default_cache_dir()`
     "The cluttered digits as an ImageNet-layout folder `<cache_dir>/cluttered_digits_v<N>`, written once; safe from several processes."
     root = Path(cache_dir or default_cache_dir()) / f'cluttered_digits_v{CLUTTERED_VERSION}'
     return build_folder_once(root, lambda tmp: _write_cluttered_digits(tmp))
 
-CLUTTERED_RECIPE = dict(DIGITS_RECIPE, epochs=30)  # the same shrunk T2T-ViT-7 at 64 px; a harder task, more epochs
+CLUTTERED_RECIPE = dict(DIGITS_RECIPE, epochs=20, lr=4e-3, warmup_epochs=2.)  # the same shrunk T2T-ViT-7 at 64 px, gentler
 CLUTTERED_DIGITS = register_dataset('cluttered_digits', cluttered_digits_folder, CLUTTERED_RECIPE,
                                     "cluttered digits: scikit-learn's digits at random places among fragments of others (64 x 64 px)")
 

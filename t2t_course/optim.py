@@ -28,15 +28,19 @@ def weight_decay_split(model:nn.Module, skip=()) -> tuple:  # `skip`: names that
     return decay, no_decay
 
 def param_groups_weight_decay(model:nn.Module,
-                              weight_decay:float=0.05,  # for the weight matrices
-                              skip=None                 # names without decay; None: `model.no_weight_decay()`
+                              weight_decay:float=0.05,     # for the weight matrices
+                              skip=None,                   # names without decay; None: `model.no_weight_decay()`
+                              backbone_lr_scale:float=1.,  # lr multiplier of everything but the head (fine-tuning: 0.01)
+                              head:str='head.'             # the prefix of the head's parameters
                              ) -> list:
-    "Two parameter groups: the rest with `weight_decay` 0, then the decayed weight matrices."
+    "Parameter groups: without decay, then the decayed weight matrices; with `backbone_lr_scale`, once for the backbone and once for the head."
     skip = set(skip) if skip is not None else set(getattr(model, 'no_weight_decay', lambda: ())())
     decay, no_decay = weight_decay_split(model, skip)
     params = dict(model.named_parameters())
-    return [dict(params=[params[n] for n in no_decay], weight_decay=0.),
-            dict(params=[params[n] for n in decay], weight_decay=weight_decay)]
+    parts = [(lambda n: True, 1.)] if backbone_lr_scale == 1 else [(lambda n: not n.startswith(head), backbone_lr_scale),
+                                                                   (lambda n: n.startswith(head), 1.)]
+    return [dict(params=[params[n] for n in names if keep(n)], weight_decay=wd, lr_scale=scale)
+            for keep, scale in parts for names, wd in ((no_decay, 0.), (decay, weight_decay))]
 
 # %% ../nbs/12_optim.ipynb #5015e559
 def _adamw(groups, lr, betas=(0.9, 0.999), eps=1e-8, **_):
@@ -51,14 +55,18 @@ def _sgd(groups, lr, momentum=0.9, nesterov=False, **_):
 OPTIMIZERS = {'adamw': _adamw, 'sgd': _sgd}  # name -> factory(param_groups, lr, **options)
 
 def create_optimizer(model:nn.Module,
-                     lr:float,                # the (already scaled) learning rate
-                     weight_decay:float=0.05, # for the weight matrices (see `param_groups_weight_decay`)
-                     opt:str='adamw',         # a key of `OPTIMIZERS`
-                     **options                # betas, eps (adamw); momentum, nesterov (sgd)
+                     lr:float,                    # the (already scaled) learning rate
+                     weight_decay:float=0.05,     # for the weight matrices (see `param_groups_weight_decay`)
+                     opt:str='adamw',             # a key of `OPTIMIZERS`
+                     backbone_lr_scale:float=1.,  # lr multiplier of everything but the head (fine-tuning)
+                     **options                    # betas, eps (adamw); momentum, nesterov (sgd)
                     ) -> torch.optim.Optimizer:
-    "An optimizer over `param_groups_weight_decay(model, weight_decay)`: AdamW (the paper's) or SGD."
+    "An optimizer over `param_groups_weight_decay(model, weight_decay, backbone_lr_scale=...)`: AdamW (the paper's) or SGD."
     if opt not in OPTIMIZERS: raise SetupError(f"unknown optimizer {opt!r}: choose from {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[opt](param_groups_weight_decay(model, weight_decay), lr, **options)
+    groups = param_groups_weight_decay(model, weight_decay, backbone_lr_scale=backbone_lr_scale)
+    optimizer = OPTIMIZERS[opt](groups, lr, **options)
+    for g in optimizer.param_groups: g['lr'] = lr * g['lr_scale']
+    return optimizer
 
 # %% ../nbs/12_optim.ipynb #735e3ef5
 LR_BASE_BATCH = 512  # the paper's global batch: the recipe's learning rates are for this batch, scaled linearly
@@ -94,7 +102,7 @@ class WarmupCosineSchedule:
         "The learning rate of optimizer step `step`."
         return warmup_cosine_lr(step, self.peak_lr, self.warmup_steps, self.decay_steps, self.min_lr, self.warmup_lr)
     def _set(self, lr):
-        for g in self.optimizer.param_groups: g['lr'] = lr
+        for g in self.optimizer.param_groups: g['lr'] = lr * g.get('lr_scale', 1.)  # a group's own multiplier, if any
     def step(self):
         "Count one optimizer step and set the rate of the next."
         self.last_step += 1

@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from .core import set_seed, in_ipython
 from .models import create_model
-from .data import BadImageLog, MixupCutmix, create_datasets, create_loader, create_loss, data_name, data_root, get_dataset, is_builtin
+from .data import BadImageLog, MixupCutmix, create_loader, create_loss, data_name, data_root, get_dataset, is_builtin
+from .pipeline import create_pipeline
 from .optim import (SetupError, ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer,
                               LR_BASE_BATCH)
 from .distributed import (DistEnv, EpochSampler, SeededDataset, ShardSampler, StopVote, all_gather_objects,
@@ -61,9 +62,9 @@ class TrainState:
         "Continue from a checkpoint: this run's hyper-parameters (weight decay, EMA decay, schedule) are kept."
         self.model.load_state_dict(ck['state_dict'])
         if self.ema is not None and ck.get('ema'): self.ema.load_ema_state(ck['state_dict_ema'], ck['ema'])
-        decays = [g['weight_decay'] for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(ck['optimizer'])      # the moments; then this run's weight decay again
-        for g, wd in zip(self.optimizer.param_groups, decays): g['weight_decay'] = wd
+        mine = [(g['weight_decay'], g.get('lr_scale', 1.)) for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(ck['optimizer'])      # the moments; then this run's weight decay and lr scales again
+        for g, (wd, scale) in zip(self.optimizer.param_groups, mine): g['weight_decay'], g['lr_scale'] = wd, scale
         self.schedule.load_state_dict(ck['scheduler'])       # the step count only
         if ck['scaler']: self.scaler.load_state_dict(ck['scaler'])
         for k in ('epoch', 'batch', 'step', 'partial', 'history', 'best', 'elapsed'): setattr(self, k, ck[k])
@@ -170,20 +171,25 @@ def build_model(cfg:TrainConfig, num_classes:int) -> nn.Module:
 def _build_data(run:Run):
     "Datasets, sampler, loaders, mixing and loss of `run.cfg`."
     cfg, env = run.cfg, run.env
+    if cfg.pipeline == 'gpu' and env.device.type != 'cuda':
+        raise SetupError(f"--pipeline gpu decodes and augments on a CUDA GPU, and this run is on the {env.device.type}: use "
+                         f"--pipeline draft (the default) or pil")
     try:
-        run.train_ds, run.val_ds = create_datasets(data_root(cfg.data), cfg.img_size, cfg.data_preset,
-                                                   skip_bad_images=cfg.skip_bad_images)
+        pipe = create_pipeline(cfg.pipeline, data_root(cfg.data), cfg.img_size, cfg.data_preset, cfg.skip_bad_images)
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e
+    run.train_ds, run.val_ds = pipe.train, pipe.val
     run.classes, run.global_batch = list(run.train_ds.classes), cfg.batch_size * env.world_size
     run.sampler = EpochSampler(run.train_ds, env.world_size, env.rank, shuffle=True, seed=cfg.seed)
     run.steps_per_epoch = run.sampler.num_samples // cfg.batch_size  # full batches only (drop_last)
     if run.steps_per_epoch == 0:
         raise SetupError(f"the training split has {len(run.train_ds)} images, fewer than one global batch of "
                          f"{run.global_batch} ({cfg.batch_size} per process x {env.world_size}): lower --batch-size")
-    common = dict(num_workers=cfg.workers, pin_memory=env.device.type == 'cuda', persistent_workers=cfg.workers > 0,
-                  generator=torch.Generator().manual_seed(cfg.seed))  # own generator: iterators leave the global one alone
-    run.train_dl = create_loader(SeededDataset(run.train_ds, cfg.seed), cfg.batch_size, sampler=run.sampler, drop_last=True, **common)
-    run.val_dl = create_loader(run.val_ds, cfg.batch_size, sampler=ShardSampler(len(run.val_ds), env.rank, env.world_size), **common)
+    common = dict(num_workers=cfg.workers, pin_memory=env.device.type == 'cuda' and pipe.name != 'gpu', collate_fn=pipe.collate_fn,
+                  persistent_workers=cfg.workers > 0, generator=torch.Generator().manual_seed(cfg.seed))  # own generator: iterators leave the global one alone
+    run.train_dl = pipe.wrap(create_loader(SeededDataset(run.train_ds, cfg.seed), cfg.batch_size, sampler=run.sampler,
+                                           drop_last=True, **common), 'train', env.device, cfg.skip_bad_images)
+    run.val_dl = pipe.wrap(create_loader(run.val_ds, cfg.batch_size, sampler=ShardSampler(len(run.val_ds), env.rank, env.world_size),
+                                         **common), 'val', env.device, cfg.skip_bad_images)
     run.mixer = MixupCutmix(len(run.classes), cfg.mixup, cfg.cutmix, cfg.mix_prob)
     run.loss_fn = create_loss(True, cfg.smoothing)
 
@@ -193,7 +199,7 @@ def _build_state(run:Run) -> TrainState:
     model = build_model(cfg, len(run.classes)).to(dev)
     run.dtype = amp_dtype(cfg.amp, dev)
     k = run.global_batch / LR_BASE_BATCH
-    opt = create_optimizer(model, cfg.lr * k, cfg.weight_decay, cfg.opt, momentum=cfg.momentum)
+    opt = create_optimizer(model, cfg.lr * k, cfg.weight_decay, cfg.opt, cfg.backbone_lr_scale, momentum=cfg.momentum)
     run.total_epochs = cfg.epochs + cfg.cooldown_epochs
     schedule = WarmupCosineSchedule(opt, cfg.lr * k, round(cfg.warmup_epochs * run.steps_per_epoch),
                                     cfg.epochs * run.steps_per_epoch, cfg.min_lr * k, cfg.warmup_lr * k)
@@ -228,6 +234,9 @@ def resume(run:Run, path):
         if old.get(k) != getattr(cfg, k):
             raise SetupError(f"cannot resume {path}: it was trained with {k}={old.get(k)!r}, this run has {getattr(cfg, k)!r}")
     if ck['classes'] != run.classes: raise SetupError(f"cannot resume {path}: its classes differ from those of {cfg.data}")
+    if len(ck['optimizer']['param_groups']) != len(run.state.optimizer.param_groups) or old.get('opt', 'adamw') != cfg.opt:
+        raise SetupError(f"cannot resume {path} with another optimizer setup: it ran {old.get('opt', 'adamw')} with backbone_lr_scale "
+                         f"{old.get('backbone_lr_scale', 1.)}, this run {cfg.opt} with {cfg.backbone_lr_scale}")
     if ck['batch'] and (ck['world_size'] != run.env.world_size or old.get('batch_size') != cfg.batch_size):
         raise SetupError(f"cannot resume {path} in the middle of an epoch with another batch: it ran {old.get('batch_size')} "
                          f"per process x {ck['world_size']}, this run {cfg.batch_size} x {run.env.world_size}")
@@ -480,6 +489,8 @@ def _result(run:Run, interrupted:int) -> TrainResult:
     elapsed = time.perf_counter() - run.t_start
     r = TrainResult(run.cfg, st.history[-1] if st.history else {}, st.history, run.out, run.last_path, run.best_path,
                     run.out / 'metrics.csv', run.out / 'curves.png', st.epoch, interrupted, elapsed, bad, val_bad)
+    for name, dl in (('training', run.train_dl), ('validation', run.val_dl)):
+        if hasattr(dl, 'report'): run.log(f'{name} pipeline gpu: {dl.report()}')  # nvJPEG's fallbacks, on rank 0
     if bad.count: run.log('training: ' + bad.report())
     if val_bad.count: run.log('validation (not counted in the accuracy): ' + val_bad.report())
     if interrupted:

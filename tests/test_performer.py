@@ -314,3 +314,30 @@ def test_fixed_map_is_biased_as_predicted():
         assert abs(math.log(ratio / _sphere_ratio(r * r))) < 0.1
         assert abs(math.log(ratio / math.exp(-(1 - 32 / 64) * r * r / 2))) < 0.2
     assert ratio < 0.2                                                      # far from unbiased at |x+y|^2 = 9
+
+
+@pytest.mark.parametrize('dtype, core', [(torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16), (None, torch.float32)])
+@pytest.mark.parametrize('fast', [True, False])
+def test_float32_region_only_under_float16(dtype, core, fast, monkeypatch):
+    "fp16 autocast: the feature map, D and the division in float32; bf16 (float32's range) and float32 run as they are."
+    torch.manual_seed(0)
+    layer = set_fast_paths(TokenPerformer(147, 64).eval(), fast)
+    seen = []
+    name = '_attn_batched' if fast else '_attn_naive'
+    inner = getattr(layer, name)
+    monkeypatch.setattr(layer, name, lambda k, q, v: (seen.append(k.dtype), inner(k, q, v))[1])
+    x = torch.randn(2, 64, 147)
+    with torch.no_grad(), torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        out = layer(x)
+    assert seen == [core] and torch.isfinite(out).all()
+
+
+def test_bf16_model_without_autocast_runs_in_bf16():
+    "A model cast to bfloat16 (no autocast): its buffer w follows, the core runs in bf16 and stays within 5% of float32."
+    torch.manual_seed(0)
+    layer = perturb_(TokenPerformer(147, 64), std=0.02).eval()
+    x = torch.randn(2, 256, 147)
+    with torch.no_grad():
+        ref = layer(x)
+        out = layer.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and max_rel_err(out, ref) < 0.05

@@ -1,0 +1,98 @@
+"""Data-pipeline throughput: images/s per loader worker of the recipe's training transform, today's `pil` pipeline
+against the crop-first `draft` pipeline (chapter 11), side by side in one run, on generated ImageNet-like JPEGs
+(500 x 375, `make_photo`: gradients, shapes, texture), and on large photos (1600 x 1200) where the draft decode can
+reduce; on a CUDA GPU also the `gpu` pipeline (workers read bytes; nvJPEG decode and augmentation on the GPU).
+
+    python benchmarks/data_pipeline.py --quick     # about a minute on a CPU
+    python benchmarks/data_pipeline.py             # longer rounds; on a GPU machine also the gpu pipeline
+
+Each measurement goes through `create_loader` with one worker process (the 'per worker' figure), rounds of `pil` and
+`draft` alternate, and the best round of each counts (a shared machine is noisy: the minimum time is the cleanest).
+The goal is `draft` >= 2x `pil` per worker on the ImageNet-like files, with the same augmentation (the same draws and
+kernels: tested in tests/test_pipeline.py); the line says PASS or FAIL.
+"""
+import argparse, os, shutil, sys, tempfile, time
+from pathlib import Path
+
+import torch
+
+from t2t_course.data import create_loader
+from t2t_course.pipeline import create_pipeline, write_jpegs
+
+GOAL = 2.0
+
+
+def loader_rate(pipe, split_ds, n_images:int, batch:int, device='cpu', workers:int=1) -> float:
+    "img/s through `create_loader` with `workers` processes, after every worker has delivered a batch."
+    sampler = torch.utils.data.RandomSampler(split_ds, replacement=True, num_samples=n_images + batch * (workers + 1),
+                                             generator=torch.Generator().manual_seed(0))
+    dl = pipe.wrap(create_loader(split_ds, batch, sampler=sampler, num_workers=workers, drop_last=True, collate_fn=pipe.collate_fn),
+                   'train', device)
+    it = iter(dl)
+    for _ in range(workers): next(it)
+    if device != 'cpu': torch.cuda.synchronize()
+    t, n = time.perf_counter(), 0
+    while n < n_images:
+        images, _, _ = next(it)
+        n += len(images)
+    if device != 'cpu': torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    getattr(getattr(dl, '_iterator', None) or it, '_shutdown_workers', lambda: None)()
+    return n / dt
+
+
+def compare(root:Path, img_size:int, n_images:int, rounds:int, batch:int) -> dict:
+    "Best img/s of each CPU pipeline over alternating rounds, one worker each."
+    pipes = {name: create_pipeline(name, root, img_size) for name in ('pil', 'draft')}
+    best = dict.fromkeys(pipes, 0.)
+    for r in range(rounds):
+        for name in (pipes if r % 2 == 0 else reversed(list(pipes))):  # alternate the order: drift hits both
+            best[name] = max(best[name], loader_rate(pipes[name], pipes[name].train, n_images, batch))
+    return best
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--quick', action='store_true', help='small rounds, about a minute on a CPU (default: off)')
+    p.add_argument('--img-size', type=int, default=224, help='training size (default: 224)')
+    p.add_argument('--files', type=int, default=None, help='generated files per set (default: 48, or 32 with --quick)')
+    p.add_argument('--rounds', type=int, default=None, help='rounds per pipeline (default: 5, or 3 with --quick)')
+    p.add_argument('--images', type=int, default=None, help='images per round (default: 400, or 160 with --quick)')
+    p.add_argument('--gpu-batch', type=int, default=256, help='batch of the gpu pipeline (default: 256)')
+    a = p.parse_args(argv)
+    files, rounds, n = a.files or (32 if a.quick else 48), a.rounds or (3 if a.quick else 5), a.images or (160 if a.quick else 400)
+    torch.set_num_threads(1)  # the main process only collects batches; one thread leaves the worker its core
+    tmp = Path(tempfile.mkdtemp(prefix='t2t_bench_pipe_'))
+    t0 = time.perf_counter()
+    try:
+        sets = {'ImageNet-like 500 x 375': (375, 500), 'large 1600 x 1200': (1200, 1600)}
+        for k, size in sets.items():
+            write_jpegs(tmp / k.split()[0] / 'train', files, size); write_jpegs(tmp / k.split()[0] / 'val', 2, size)
+        print(f"{files} generated JPEGs per set (quality 90), the 'imagenet' recipe at {a.img_size} px, batch 32, one loader "
+              f"worker per pipeline, best of {rounds} alternating rounds of {n} images")
+        ratios = {}
+        for k in sets:
+            best = compare(tmp / k.split()[0], a.img_size, n, rounds, 32)
+            ratios[k] = best['draft'] / best['pil']
+            print(f"{k:24s}: pil {best['pil']:6.1f} img/s per worker, draft {best['draft']:6.1f} img/s per worker: "
+                  f"draft/pil {ratios[k]:.2f}x", flush=True)
+        k = next(iter(sets))
+        print(f"goal: draft >= {GOAL:g}x pil per worker on the {k} files: {ratios[k]:.2f}x  "
+              f"{'PASS' if ratios[k] >= GOAL else 'FAIL'}")
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name()
+            pipe = create_pipeline('gpu', tmp / 'ImageNet-like', a.img_size)
+            for w in sorted({1, 4, min(8, os.cpu_count() or 1)}):
+                rate = loader_rate(pipe, pipe.train, max(n, 4 * a.gpu_batch), a.gpu_batch, 'cuda', w)
+                print(f"gpu pipeline on {name}, {w} reader worker(s), batch {a.gpu_batch}: {rate:8.1f} img/s "
+                      f"(nvJPEG decode and augmentation included, synchronised)", flush=True)
+        else:
+            print("gpu pipeline: not measured (no CUDA GPU here)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"total {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
