@@ -173,5 +173,5 @@ def test_t2t_predict_as_a_process(checkpoints):
            '--model', 't2t_vit_7', '--device', 'cpu']
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.count('%') == 5, res.stderr
-    res = subprocess.run(cmd[:4] + [str(checkpoints / 'nope.pth')] + cmd[5:], capture_output=True, text=True)
+    res = subprocess.run(cmd[:5] + [str(checkpoints / 'nope.pth')] + cmd[6:], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.strip().count('\n') == 0 and 'no checkpoint file at' in res.stderr
