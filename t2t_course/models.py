@@ -335,8 +335,8 @@ def _why_unreadable(e:Exception) -> str:
     if found:  # a real pickle of objects other than tensors and plain data
         return (f"it holds a pickled {found.group(1)}, not only tensors and plain data (it is read with "
                 f"torch.load(weights_only=True), which runs no pickled code): save NumPy values as tensors or Python numbers")
-    why = re.search(r'WeightsUnpickler error: ([^\n]+)', msg)
-    first = (why.group(1) if why else (msg.strip().splitlines() or [''])[0])[:120]
+    why = re.search(r'WeightsUnpickler error:\s*([^\n]+)', msg)  # the reason may start on the next line
+    first = (why.group(1) if why else (msg.strip().splitlines() or [''])[0]).split('. ')[0][:120]  # its first sentence
     return (f"not a PyTorch checkpoint, or a truncated or damaged one ({type(e).__name__}{': ' + first if first else ''}); "
             f"expected a file written by torch.save")
 
