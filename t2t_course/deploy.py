@@ -7,7 +7,7 @@ __all__ = ['dynamic_image_shapes', 'export_program', 'export_onnx', 'check_onnx'
            'load_predictor', 'read_image', 'predict', 'build_predict_parser', 'format_predictions', 'predict_main']
 
 # %% ../nbs/22_deploy.ipynb #dd6ca0b0
-import argparse, contextlib, io, json, sys, warnings
+import argparse, contextlib, io, json, os, sys, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -165,7 +165,7 @@ def build_predict_parser() -> argparse.ArgumentParser:
     "The `t2t_predict` argument parser."
     p = argparse.ArgumentParser(prog='t2t_predict', description="Classify images with a T2T-ViT checkpoint (ours or official): "
                                 "the top-k classes with their probabilities in percent.",
-                                epilog="exit status: 0 every image classified, 1 the prediction failed, 2 bad arguments or input")
+                                epilog="exit status: 0 every image classified, 1 the prediction failed or its output could not be written, 2 bad arguments or input")
     p.add_argument('images', nargs='+', metavar='IMAGE', help="image files (JPEG, PNG, ...)")
     p.add_argument('--checkpoint', required=True, metavar='CK', help="a t2t_train checkpoint, or an official .pth.tar (with --model)")
     p.add_argument('--model', metavar='NAME', help="the architecture of a checkpoint that is not ours, e.g. t2t_vit_14")
@@ -192,10 +192,15 @@ def predict_main(argv=None) -> int:
         try: results.append(dict(image=str(image), top=predict(pred, image, a.topk)))
         except SetupError as e: fail(e); errors.append(dict(image=str(image), error=str(e)))
         except Exception as e: fail(f"predicting {image} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"); return 1
-    if a.json: print(json.dumps(dict(model=pred.description, predictions=results, errors=errors), indent=1))
-    else:
-        print(pred.description)
-        for r in results: print(format_predictions(r['image'], r['top']))
+    try:
+        if a.json: print(json.dumps(dict(model=pred.description, predictions=results, errors=errors), indent=1))
+        else:
+            print(pred.description)
+            for r in results: print(format_predictions(r['image'], r['top']))
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`t2t_predict ... | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 1
     return 2 if errors else 0
 
 # %% ../nbs/22_deploy.ipynb #027ea00d

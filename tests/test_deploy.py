@@ -175,3 +175,13 @@ def test_t2t_predict_as_a_process(checkpoints):
     assert res.returncode == 0 and res.stdout.count('%') == 5, res.stderr
     res = subprocess.run(cmd[:5] + [str(checkpoints / 'nope.pth')] + cmd[6:], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.strip().count('\n') == 0 and 'no checkpoint file at' in res.stderr
+
+
+def test_a_closed_pipe_is_not_a_traceback(checkpoints):
+    "`t2t_predict ... | head -1`: the reader goes away before the output; the command stops quietly with status 1."
+    cmd = [sys.executable, '-m', 't2t_course.deploy', str(sample_image_path()), '--checkpoint', str(checkpoints / 'best.pth'),
+           '--device', 'cpu', '--json']
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()                                                   # nobody reads what it prints
+    err = p.stderr.read(); p.wait()
+    assert p.returncode == 1 and 'Traceback' not in err and 'BrokenPipe' not in err, err
