@@ -18,7 +18,7 @@ import torch.nn as nn
 timm = pytest.importorskip('timm')
 from timm.models import FeatureInfo, get_notrace_functions, get_notrace_modules
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
-import timm.optim
+import timm.data, timm.optim
 
 import t2t_course
 import t2t_course.timm as t2t_timm
@@ -254,3 +254,13 @@ def test_timm_data_config_is_the_models():
     cfg = timm.data.resolve_model_data_config(_create('t2t_vit_7', img_size=224))
     assert (cfg['input_size'], cfg['crop_pct'], cfg['interpolation'], cfg['crop_mode']) == ((3, 224, 224), 0.9, 'bicubic', 'center')
     assert cfg['mean'] == (0.485, 0.456, 0.406) and cfg['std'] == (0.229, 0.224, 0.225)
+
+
+def test_pretrained_cfg_and_overlay_are_accepted():
+    "timm's pretrained_cfg (a dict or a PretrainedCfg) replaces the fields it names; the overlay is applied last."
+    m = timm.create_model('t2t_vit_7', pretrained_cfg=dict(crop_pct=0.875), **_tiny('t2t_vit_7'))
+    assert m.pretrained_cfg['crop_pct'] == 0.875 and m.pretrained_cfg['input_size'] == (3, 32, 32)
+    m = timm.create_model('t2t_vit_7', pretrained_cfg=timm.get_pretrained_cfg('t2t_vit_7'), pretrained_cfg_overlay=dict(crop_pct=1.0),
+                          cache_dir='/nowhere', **_tiny('t2t_vit_7'))
+    assert m.pretrained_cfg['crop_pct'] == 1.0 and m.pretrained_cfg['file'] == t2t_timm.timm_cfg('t2t_vit_7')['file']
+    assert timm.data.resolve_model_data_config(m)['crop_pct'] == 1.0
