@@ -11,7 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from .core import to_2tuple, check_image_batch
+from .core import to_2tuple, is_static, image_size, check_image_batch
+
+torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
 
 # %% ../nbs/01_hard_split.ipynb #83862017
 def hard_split(img:torch.Tensor,  # images (B, C, H, W)
@@ -49,13 +51,11 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x):
-        check_image_batch(x, 'input')
-        if x.shape[1] != self.in_chans:
-            raise ValueError(f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
-        if self.strict_img_size and tuple(x.shape[-2:]) != self.img_size:
-            raise ValueError(f"input size {tuple(x.shape[-2:])} does not match img_size {self.img_size} "
+        x = check_image_batch(x, 'input', self.in_chans)
+        if self.strict_img_size and image_size(x) != self.img_size:
+            raise ValueError(f"input size {image_size(x)} does not match img_size {self.img_size} "
                              f"this PatchEmbed was built for")
-        (h, w), (H, W), (ph, pw) = self.grid_size_for(x.shape[-2:]), x.shape[-2:], self.patch_size
+        (h, w), (H, W), (ph, pw) = self.grid_size_for(image_size(x)), image_size(x), self.patch_size
         if self.dynamic_img_pad: x = F.pad(x, (0, w * pw - W, 0, h * ph - H))  # (B, C, h*P, w*P), zeros at the edges
         x = self.proj(x)                                                  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)                               # (B, N, D)
@@ -64,7 +64,8 @@ class PatchEmbed(nn.Module):
         "The token grid `(H/P, W/P)` of an input of `size` (rounded up with `dynamic_img_pad`; else the patch must divide it)."
         (H, W), (ph, pw) = to_2tuple(size, 'size'), self.patch_size
         if self.dynamic_img_pad: return (-(-H // ph), -(-W // pw))
-        if H % ph or W % pw: raise ValueError(f"patch_size {self.patch_size} does not divide the input size {(H, W)}")
+        if is_static(H) and is_static(W) and (H % ph or W % pw):
+            raise ValueError(f"patch_size {self.patch_size} does not divide the input size {(H, W)}")
         return (H // ph, W // pw)
 
 # %% ../nbs/01_hard_split.ipynb #1b11108c

@@ -6,7 +6,7 @@
 __all__ = ['VARIANTS', 'T2TViT', 'Variant', 'register_variant', 'register_model', 'list_models', 'weights_dir', 'get_variant',
            'create_model', 't2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_19', 't2t_vit_24',
            't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'vit_baseline', 't2t_vit_14_hard_split',
-           'checkpoint_state_dicts', 'checkpoint_filter_fn', 'read_checkpoint', 'load_checkpoint']
+           'checkpoint_state_dicts', 'checkpoint_filter_fn', 'CheckpointError', 'read_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/08_models.ipynb #37403936
 import argparse, difflib, fnmatch, inspect, math, os, re, warnings
@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple, default_cache_dir
 from .t2t_module import T2TModule
 from .attention import Block
+from .soft_split import T2T_SOFT_SPLITS
 from .backbone import Backbone, ViT, get_sinusoid_encoding, is_sinusoid_table, resize_pos_embed
 
 # %% ../nbs/08_models.ipynb #8072ee44
 class T2TViT(Backbone):
     "Tokens-to-Token ViT: `T2TModule` tokenizer + deep-narrow `Backbone`, with the official state_dict layout."
+    stem_prefix, token_stride = 'tokens_to_token', math.prod(s for _, s, _ in T2T_SOFT_SPLITS)  # the tokenizer; 16 px a token
     def __init__(self,
                  img_size=224,                 # size the model is built for (the position table's length): int or (H, W)
                  tokens_type:str='performer',  # T2T layer: 'performer' or 'transformer'
@@ -146,14 +148,21 @@ def create_model(model_name:str,       # a name from `list_models()`
     if model_name not in _model_entrypoints: raise _unknown_model(model_name, _model_entrypoints)
     return _model_entrypoints[model_name](pretrained=pretrained, **kwargs)
 
+def _first_conv(v:Variant, **kwargs):
+    "timm's `first_conv` of variant `v`: the layers whose weights depend on the number of input channels."
+    if isinstance(getattr(v.model_cls, 'first_conv', None), str): return v.model_cls.first_conv  # ViT: patch_embed.proj
+    layer, tokens_type = 'tokens_to_token.attention1', kwargs.get('tokens_type', v.arch.get('tokens_type', 'performer'))
+    return (f'{layer}.norm1', f'{layer}.kqv' if tokens_type == 'performer' else f'{layer}.attn.qkv')
+
 def _cfg(v:Variant, **kwargs) -> dict:
-    "The timm-style `default_cfg` of variant `v` built with the overrides `kwargs`."
+    "The timm-style `default_cfg` of variant `v` built with the overrides `kwargs` (timm's field names)."
     in_chans, img_size = kwargs.get('in_chans', v.arch.get('in_chans', 3)), kwargs.get('img_size', v.img_size)
     num_classes = kwargs.get('num_classes', v.arch.get('num_classes', 1000))
     return dict(architecture=v.name, file=v.file, url=v.url, top1=v.top1, num_classes=num_classes,
-                input_size=(in_chans, *to_2tuple(img_size, 'img_size')), crop_pct=0.9, interpolation='bicubic',
-                mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, classifier='head',
-                first_layer=getattr(v.model_cls, 'first_layer', 'tokens_to_token.attention1'))
+                input_size=(in_chans, *to_2tuple(img_size, 'img_size')), fixed_input_size=False, pool_size=None,
+                crop_pct=0.9, crop_mode='center', interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+                first_conv=_first_conv(v, **kwargs), classifier='head', license='bsd-3-clause-clear' if v.file else 'apache-2.0',
+                paper_ids='arXiv:2101.11986', origin_url='https://github.com/yitu-opensource/T2T-ViT')
 
 def _create(name:str, pretrained=False, **kwargs) -> nn.Module:
     "Build the registered variant `name`, `kwargs` overriding its architecture, with weights if `pretrained`."
@@ -316,15 +325,36 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
     return sd
 
 # %% ../nbs/08_models.ipynb #a2273133
-def read_checkpoint(path, map_location='cpu') -> dict:
+class CheckpointError(ValueError):
+    "A checkpoint file that cannot be used: the message names the file and what was expected."
+
+def _why_unreadable(e:Exception) -> str:
+    "What is wrong with a file `torch.load(weights_only=True)` failed on, in a few words."
+    msg = str(e)
+    found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', msg)
+    if found:  # a real pickle of objects other than tensors and plain data
+        return (f"it holds a pickled {found.group(1)}, not only tensors and plain data (it is read with "
+                f"torch.load(weights_only=True), which runs no pickled code): save NumPy values as tensors or Python numbers")
+    why = re.search(r'WeightsUnpickler error:\s*([^\n]+)', msg)  # the reason may start on the next line
+    first = (why.group(1) if why else (msg.strip().splitlines() or [''])[0]).split('. ')[0][:120]  # its first sentence
+    return (f"not a PyTorch checkpoint, or a truncated or damaged one ({type(e).__name__}{': ' + first if first else ''}); "
+            f"expected a file written by torch.save")
+
+def read_checkpoint(path,                 # a checkpoint file
+                    map_location='cpu',   # where to put the tensors
+                    what:str='checkpoint' # what the file is for, in the messages
+                   ) -> dict:
     "Read a checkpoint file with `weights_only=True` (tensors and plain data; the official files' Namespace allowed)."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no checkpoint file at {path}")
-    if hasattr(torch.serialization, 'safe_globals'):
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    if hasattr(torch.serialization, 'add_safe_globals'): torch.serialization.add_safe_globals([argparse.Namespace])
-    return torch.load(path, map_location=map_location, weights_only=True)
+    if not path.is_file(): raise FileNotFoundError(f"no {what} file at {path}")
+    if path.stat().st_size == 0: raise CheckpointError(f"{what} file {path} is empty (0 bytes): an interrupted copy or download?")
+    try:
+        if hasattr(torch.serialization, 'safe_globals'):
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        if hasattr(torch.serialization, 'add_safe_globals'): torch.serialization.add_safe_globals([argparse.Namespace])
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e: raise CheckpointError(f"cannot read {what} {path}: {_why_unreadable(e)}") from None
 
 def load_checkpoint(model:nn.Module,     # the model to load into
                     path,                # a checkpoint file (official .pth.tar, ours, or a bare state_dict)
@@ -332,7 +362,12 @@ def load_checkpoint(model:nn.Module,     # the model to load into
                     use_ema:bool=True,   # load the EMA weights when the checkpoint has them
                    ) -> nn.Module:       # `model`, loaded
     "Load a checkpoint file into `model` through `checkpoint_filter_fn`; a dropped head is the only key left missing."
-    sd = checkpoint_filter_fn(read_checkpoint(path, map_location), model, use_ema)
+    ck = read_checkpoint(path, map_location)
+    if not isinstance(ck, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(ck).__name__}: expected a state_dict, or a dict holding one "
+                              f"under 'state_dict', 'state_dict_ema', 'model' or 'net'")
+    try: sd = checkpoint_filter_fn(ck, model, use_ema)
+    except ValueError as e: raise CheckpointError(f"{path}: {e}") from None
     result = model.load_state_dict(sd, strict=False)
     if result.unexpected_keys or any(not k.startswith('head.') for k in result.missing_keys):  # the filter guarantees this
         raise RuntimeError(f"incomplete load of {path}: {result}")
