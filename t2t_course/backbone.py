@@ -136,58 +136,65 @@ class Backbone(nn.Module):
         "The tokenizer: `(B, C, H, W) -> (B, N, D)`; subclasses implement it."
         raise NotImplementedError(f"{type(self).__name__} must implement embed_tokens")
 
-    def position_table(self, n, grid=None) -> torch.Tensor:  # (1, n, D)
-        "The position table for `n` tokens (cls included) on `grid`: the sinusoid of that length, or `pos_embed` itself."
-        if self.fixed_pos_embed: return self._sinusoid(n)
-        if is_static(n) and n != self.pos_embed.shape[1]:
-            kind = 'learned' if self.pos_embed_type == 'learned' else 'loaded (not the fixed sinusoid)'
-            raise ValueError(f"this model has a {kind} position table for {self.pos_embed.shape[1] - 1} tokens and got {n - 1}: "
-                             f"build it for the new image size and load the checkpoint through checkpoint_filter_fn (it resizes the table)")
-        return self.pos_embed
-
-    def _sinusoid(self, n) -> torch.Tensor:  # (1, n, D)
-        "The sinusoid for `n` tokens: computed in the graph when traced; else `pos_embed`, its beginning, or a cached longer one."
-        pe = self.pos_embed
-        if torch.compiler.is_compiling() or not is_static(n): return sinusoid_table(n, self.embed_dim, pe.device, pe.dtype)
-        if n <= pe.shape[1]: return pe[:, :n]
-        key = (n, pe.device, pe.dtype)
-        if key not in self._pos_cache:
-            with torch.inference_mode(False): table = get_sinusoid_encoding(n, self.embed_dim).to(pe.device, pe.dtype)
-            if type(table) is not torch.Tensor: return table  # a fake tensor (count_macs computes shapes only): not kept
-            self._pos_cache = dict(list(self._pos_cache.items())[-7:]) | {key: table}  # the 8 latest lengths
-        return self._pos_cache[key]
-
     def token_grid(self, size) -> tuple: return None  # the tokenizer's (h, w) grid for an input of `size` (subclasses)
 
-    def _sequence(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D)
-        "Tokens, with the cls token in front and the position table added: the blocks' input."
-        grid = self.token_grid(image_size(x))
-        x = self.embed_tokens(x)                                              # (B, N, D)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, N+1, D)
-        return self.pos_drop(x + self.position_table(x.shape[1], grid))
+# %% ../nbs/07_backbone.ipynb #cede4de6
+def _position_table(self, n, grid=None) -> torch.Tensor:  # (1, n, D)
+    "The position table for `n` tokens (cls included) on `grid`: the sinusoid of that length, or `pos_embed` itself."
+    if self.fixed_pos_embed: return self._sinusoid(n)
+    if is_static(n) and n != self.pos_embed.shape[1]:
+        kind = 'learned' if self.pos_embed_type == 'learned' else 'loaded (not the fixed sinusoid)'
+        raise ValueError(f"this model has a {kind} position table for {self.pos_embed.shape[1] - 1} tokens and got {n - 1}: "
+                         f"build it for the new image size and load the checkpoint through checkpoint_filter_fn (it resizes the table)")
+    return self.pos_embed
 
-    def _run_block(self, blk:nn.Module, x:torch.Tensor, cls_only:bool=False) -> torch.Tensor:
-        "`blk(x)` (`blk.forward_cls(x)` with `cls_only`), under `checkpoint` when `grad_checkpointing` is on."
-        fn = blk.forward_cls if cls_only else blk
-        if self.grad_checkpointing and torch.is_grad_enabled(): return checkpoint(fn, x, use_reentrant=False)
-        return fn(x)
+def _sinusoid(self, n) -> torch.Tensor:  # (1, n, D)
+    "The sinusoid for `n` tokens: computed in the graph when traced; else `pos_embed`, its beginning, or a cached longer one."
+    pe = self.pos_embed
+    if torch.compiler.is_compiling() or not is_static(n): return sinusoid_table(n, self.embed_dim, pe.device, pe.dtype)
+    if n <= pe.shape[1]: return pe[:, :n]
+    key = (n, pe.device, pe.dtype)
+    if key not in self._pos_cache:
+        with torch.inference_mode(False): table = get_sinusoid_encoding(n, self.embed_dim).to(pe.device, pe.dtype)
+        if type(table) is not torch.Tensor: return table  # a fake tensor (count_macs computes shapes only): not kept
+        self._pos_cache = dict(list(self._pos_cache.items())[-7:]) | {key: table}  # the 8 latest lengths
+    return self._pos_cache[key]
 
-    def forward_features(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D), normed
-        x = self._sequence(x)
-        for blk in self.blocks: x = self._run_block(blk, x)                  # (B, N+1, D)
-        return self.norm(x)
+Backbone.position_table, Backbone._sinusoid = _position_table, _sinusoid
 
-    def forward_head(self, x:torch.Tensor, pre_logits:bool=False) -> torch.Tensor:
-        "`(B, N+1, D)` normed tokens -> logits `(B, num_classes)`, or the `(B, D)` cls token with `pre_logits`."
-        x = x[:, 0]                                                           # (B, D), the cls token
-        return x if pre_logits else self.head(x)
+# %% ../nbs/07_backbone.ipynb #97672f7a
+def _sequence(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D)
+    "Tokens, with the cls token in front and the position table added: the blocks' input."
+    grid = self.token_grid(image_size(x))
+    x = self.embed_tokens(x)                                              # (B, N, D)
+    x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, N+1, D)
+    return self.pos_drop(x + self.position_table(x.shape[1], grid))
 
-    def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, num_classes)
-        "`forward_head(forward_features(x))`; the fast path computes only the cls token in the last block."
-        if not (self.cls_only_last_block and len(self.blocks)): return self.forward_head(self.forward_features(x))
-        x = self._sequence(x)
-        for blk in self.blocks[:-1]: x = self._run_block(blk, x)              # (B, N+1, D)
-        return self.forward_head(self.norm(self._run_block(self.blocks[-1], x, cls_only=True)))  # (B, 1, D) -> (B, K)
+def _run_block(self, blk:nn.Module, x:torch.Tensor, cls_only:bool=False) -> torch.Tensor:
+    "`blk(x)` (`blk.forward_cls(x)` with `cls_only`), under `checkpoint` when `grad_checkpointing` is on."
+    fn = blk.forward_cls if cls_only else blk
+    if self.grad_checkpointing and torch.is_grad_enabled(): return checkpoint(fn, x, use_reentrant=False)
+    return fn(x)
+
+def _forward_features(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D), normed
+    x = self._sequence(x)
+    for blk in self.blocks: x = self._run_block(blk, x)                  # (B, N+1, D)
+    return self.norm(x)
+
+def _forward_head(self, x:torch.Tensor, pre_logits:bool=False) -> torch.Tensor:
+    "`(B, N+1, D)` normed tokens -> logits `(B, num_classes)`, or the `(B, D)` cls token with `pre_logits`."
+    x = x[:, 0]                                                           # (B, D), the cls token
+    return x if pre_logits else self.head(x)
+
+def _forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, num_classes)
+    "`forward_head(forward_features(x))`; the fast path computes only the cls token in the last block."
+    if not (self.cls_only_last_block and len(self.blocks)): return self.forward_head(self.forward_features(x))
+    x = self._sequence(x)
+    for blk in self.blocks[:-1]: x = self._run_block(blk, x)              # (B, N+1, D)
+    return self.forward_head(self.norm(self._run_block(self.blocks[-1], x, cls_only=True)))  # (B, 1, D) -> (B, K)
+
+Backbone._sequence, Backbone._run_block = _sequence, _run_block
+Backbone.forward_features, Backbone.forward_head, Backbone.forward = _forward_features, _forward_head, _forward
 
 # %% ../nbs/07_backbone.ipynb #0e3632b9
 def _get_classifier(self) -> nn.Module: return self.head
