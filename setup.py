@@ -23,6 +23,9 @@ if cfg.get('pip_requirements'): requirements += shlex.split(cfg.get('pip_require
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), cfg['license'])
 dev_requirements = shlex.split(cfg.get('dev_requirements') or '')
+# Optional extras, each from its own `<name>_requirements` line of settings.ini: dev (which includes the other two), timm, export.
+extras = {name: shlex.split(cfg.get(f'{name}_requirements') or '') for name in ('dev', 'timm', 'export')}
+extras['dev'] += extras['timm'] + extras['export']  # the dev extra runs every test, chapters 21 and 22's too
 
 package_data = dict()
 pkg_data = cfg.get('package_data', None)
@@ -43,7 +46,7 @@ setuptools.setup(
     packages = setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data = True,
     install_requires = requirements,
-    extras_require={ 'dev': dev_requirements },
+    extras_require=extras,
     dependency_links = cfg.get('dep_links','').split(),
     python_requires  = '>=' + cfg['min_python'],
     long_description = open('README.md', encoding='utf-8').read(),

@@ -10,22 +10,28 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .core import is_static
+
 # %% ../nbs/03_attention.ipynb #1edfa6da
+def _differ(a, b) -> bool: return is_static(a) and is_static(b) and a != b  # sizes known now (chapter 00) and different
+
 def _check_qkv(q, k, v, dropout_p=0.):
-    "Raise a clear error when `q`, `k`, `v` or `dropout_p` cannot go into attention."
+    "Raise a clear error when `q`, `k`, `v` or `dropout_p` cannot go into attention (static sizes only)."
     for name, t in (('q', q), ('k', k), ('v', v)):
         if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     if q.ndim not in (3, 4) or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"q, k, v must all be (B, h, N, d) or all be (B, N, d), got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1]:
+    if _differ(q.shape[-1], k.shape[-1]):
         raise ValueError(f"q and k must have the same width d, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
+    if _differ(k.shape[-2], v.shape[-2]):
         raise ValueError(f"k and v must have the same number of tokens, got {k.shape[-2]} and {v.shape[-2]}")
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if any(_differ(a, b) or _differ(a, c) for a, b, c in zip(q.shape[:-2], k.shape[:-2], v.shape[:-2])):
         raise ValueError(f"q, k, v must have the same batch and head sizes, got shapes "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not 0. <= dropout_p <= 1.: raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+
+torch.fx.wrap('_check_qkv')  # a leaf of FX graphs: it runs on the real tensors, not on placeholders (chapter 00)
 
 def attention_naive(q:torch.Tensor,           # queries (B, h, N, d) or (B, N, d)
                     k:torch.Tensor,           # keys, same shape as `q` except the number of tokens

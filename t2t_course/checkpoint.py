@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .optim import SetupError
-from .models import read_checkpoint
+from .models import CheckpointError, read_checkpoint
 
 # %% ../nbs/14_checkpoint.ipynb #4ddcfd79
 class CheckpointWriteError(OSError):
@@ -72,13 +72,8 @@ def load_checkpoint_file(path,                 # a checkpoint file: ours (last.p
     path = Path(path)
     if not path.exists(): raise SetupError(f"no {what} file at {path}")
     if not path.is_file(): raise SetupError(f"{what} {path} is not a file")
-    if path.stat().st_size == 0: raise SetupError(f"{what} file {path} is empty (0 bytes): an interrupted copy or download?")
-    try: ck = read_checkpoint(path)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if 'weights_only' in first or 'Weights only load failed' in first: first = 'it holds objects other than tensors and plain data'
-        raise SetupError(f"cannot read {what} {path}: not a PyTorch checkpoint, or a damaged one ({type(e).__name__}: "
-                         f"{first[:200]})") from None
+    try: ck = read_checkpoint(path, what=what)  # one-sentence CheckpointErrors: empty, garbage, truncated, foreign objects
+    except CheckpointError as e: raise SetupError(str(e)) from None
     if not isinstance(ck, dict): raise SetupError(f"{what} {path} holds a {type(ck).__name__}, not a dict of weights")
     return ck
 

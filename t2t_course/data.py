@@ -447,7 +447,7 @@ def data_name(data) -> str:
     "A short name for run folders and titles: the built-in name, or the folder's name."
     return get_dataset(data).name if is_builtin(data) else Path(data).resolve().name
 
-DIGITS_RECIPE = dict(  # a shrunk T2T-ViT-7 (0.62M parameters) on the digits at 64 px, about two minutes on 2 CPU cores
+DIGITS_RECIPE = dict(  # a shrunk T2T-ViT-7 (0.62M parameters) on the digits at 64 px, small enough to train on a CPU
     model='t2t_vit_7', model_kwargs=dict(embed_dim=128, depth=4, num_heads=4, mlp_ratio=2., token_dim=32),
     img_size=64, epochs=20, cooldown_epochs=0, warmup_epochs=2., batch_size=64, lr=8e-3, min_lr=1e-5, warmup_lr=1e-6,
     weight_decay=0.05, clip_grad=None, drop_path=0.1, ema_decay=0.99, data_preset='digits', workers=0, threads=1)

@@ -130,6 +130,10 @@ class T2TViTDense(T2TViT):
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
+    def block_widths(self) -> list:  # the output width of each entry of `blocks` (timm's `feature_info`)
+        return [b.linear.out_features if isinstance(b, Transition) else b.norm1.normalized_shape[0] + b.dense_linear.out_features
+                for b in self.blocks]
+
 register_variant(Variant('t2t_vit_dense', dict(tokens_type='performer', growth_rate=64, block_config=(3, 6, 6, 4), embed_dim=128,
                                                num_heads=8, mlp_ratio=2.), model_cls=T2TViTDense))
 

@@ -11,7 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import to_2tuple, check_image_batch
+from .core import to_2tuple, is_static, image_size, check_image_batch
+
+torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
 
 # %% ../nbs/02_soft_split.ipynb #1fba14fc
 def soft_split_size(size,          # input size along one axis (int) or (H, W)
@@ -24,7 +26,7 @@ def soft_split_size(size,          # input size along one axis (int) or (H, W)
     (H, W), (kh, kw) = to_2tuple(size, 'size'), to_2tuple(kernel_size, 'kernel_size')
     (sh, sw), (ph, pw) = to_2tuple(stride, 'stride'), to_2tuple(padding, 'padding', min_value=0)
     for n, k, p, axis in ((H, kh, ph, 'height'), (W, kw, pw, 'width')):
-        if k > n + 2 * p:
+        if is_static(n) and k > n + 2 * p:  # a symbolic size (compile, export) is checked when it is known
             raise ValueError(f"kernel_size {k} is larger than the padded input {n + 2 * p} along the {axis} "
                              f"(size {n} + 2 * padding {p})")
     out = ((H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1)
@@ -36,8 +38,8 @@ def soft_split(img:torch.Tensor,  # images or feature maps (B, C, H, W)
                padding=0,         # p: zeros added on each side, int or pair
               ) -> torch.Tensor:  # tokens (B, L, C*k*k), L = H_o * W_o
     "T2T-ViT's soft split: overlapping k x k windows as tokens, features ordered channel, then row, then column."
-    check_image_batch(img)
-    soft_split_size(tuple(img.shape[-2:]), kernel_size, stride, padding)  # validates the arguments
+    img = check_image_batch(img)
+    soft_split_size(image_size(img), kernel_size, stride, padding)  # validates the arguments
     tokens = F.unfold(img, kernel_size=kernel_size, stride=stride, padding=padding)  # (B, C*k*k, L)
     return tokens.transpose(1, 2)                                         # (B, L, C*k*k)
 
@@ -55,7 +57,7 @@ class SoftSplit(nn.Module):
 
     def output_size(self, size) -> tuple:
         "The token grid `(H_o, W_o)` this split makes of an input of `size` (int or (H, W))."
-        return soft_split_size(to_2tuple(size), self.kernel_size, self.stride, self.padding)
+        return soft_split_size(to_2tuple(size), self.kernel_size, self.stride, self.padding)  # ints, or symbolic sizes
 
     def forward(self, x):
         return soft_split(x, self.kernel_size, self.stride, self.padding)  # (B, L, C*k*k)
@@ -72,7 +74,7 @@ def restructurize(tokens:torch.Tensor,  # (B, N, C), numbered row-major over the
                          f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
     H, W = to_2tuple(size, 'size')
     B, N, C = tokens.shape
-    if N != H * W:
+    if is_static(N) and is_static(H) and is_static(W) and N != H * W:
         raise ValueError(f"cannot re-structurize {N} tokens into a {H} x {W} grid ({H * W} tokens)")
     return tokens.transpose(1, 2).reshape(B, C, H, W)                     # (B, N, C) -> (B, C, N) -> (B, C, H, W)
 
@@ -93,7 +95,7 @@ def soft_split_fast(x:torch.Tensor,           # images (B, C, H, W), or a token 
                     channels_last:bool=False  # True: `x` is (B, H, W, C), e.g. tokens (B, H*W, C) viewed on their grid
                    ) -> torch.Tensor:         # tokens (B, L, C*k*k), contiguous, equal to `soft_split` of the image
     "The soft split as a strided gather into token-major order (zero padding, then one copy; no im2col, no transpose copy)."
-    check_image_batch(x, 'x')
+    x = check_image_batch(x, 'x')
     H, W = (x.shape[1], x.shape[2]) if channels_last else (x.shape[2], x.shape[3])
     (Ho, Wo), (kh, kw) = soft_split_size((H, W), kernel_size, stride, padding), to_2tuple(kernel_size, 'kernel_size')
     (sh, sw), (ph, pw) = to_2tuple(stride, 'stride'), to_2tuple(padding, 'padding', min_value=0)

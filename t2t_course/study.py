@@ -42,7 +42,7 @@ CLAIMS = (Claim('a', 'the soft split beats the hard split on the same backbone',
 
 _T2T = dict(num_heads=3, mlp_ratio=2., token_dim=32)
 GRIDS = {
-    'claims': dict(epochs=20, seeds=(0, 1, 2), data='cluttered_digits', img_size=64, models=(
+    'claims': dict(epochs=16, seeds=(0, 1, 2), data='cluttered_digits', img_size=64, models=(
         StudyModel('t2t', 't2t_vit_7', dict(embed_dim=96, depth=6, **_T2T), 'T2T-ViT: soft split, Performer T2T layers, deep-narrow'),
         StudyModel('t2t_t', 't2t_vit_t_14', dict(embed_dim=96, depth=6, **_T2T), 'the same with Transformer T2T layers'),
         StudyModel('hard', 't2t_vit_14_hard_split', dict(embed_dim=96, depth=6, num_heads=3, mlp_ratio=2.), 'the same backbone on a hard split (16 x 16 patches)'),
@@ -277,7 +277,7 @@ def build_study_parser() -> argparse.ArgumentParser:
     p.add_argument('--data', default=None, help="a built-in dataset or an ImageNet-layout folder (default: the grid's; "
                    "claims and quick: cluttered_digits)")
     p.add_argument('--seeds', type=int, nargs='+', default=None, help="seeds of every model (default: the grid's; claims: 0 1 2)")
-    p.add_argument('--epochs', type=int, default=None, help="epochs of every run (default: the grid's; claims: 20)")
+    p.add_argument('--epochs', type=int, default=None, help="epochs of every run (default: the grid's; claims: 16)")
     p.add_argument('--jobs', type=int, default=None, help="runs at a time, each on one CPU thread (default: one per CPU)")
     p.add_argument('--models', nargs='+', default=None, help="only these labels of the grid (default: all)")
     p.add_argument('--output', '-o', default=None, help="the study's folder (default: runs/study-<grid>)")

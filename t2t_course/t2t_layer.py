@@ -9,7 +9,10 @@ __all__ = ['TokenAttention', 'TokenTransformer']
 import torch
 import torch.nn as nn
 
+from .core import check_tokens
 from .attention import attention, Mlp, DropPath
+
+torch.fx.wrap('check_tokens')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
 
 # %% ../nbs/04_t2t_layer.ipynb #9213aac3
 class TokenAttention(nn.Module):
@@ -35,8 +38,7 @@ class TokenAttention(nn.Module):
         self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, in_dim)
-        if x.ndim != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens of shape (B, N, {self.dim}), got {tuple(x.shape)}")
+        x = check_tokens(x, self.dim)
         B, N, _ = x.shape
         h = self.num_heads
         qkv = self.qkv(x).reshape(B, N, 3, h, self.in_dim // h).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
@@ -76,7 +78,6 @@ class TokenTransformer(nn.Module):
                        act_layer=act_layer, drop=drop)
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, in_dim)
-        if x.ndim != 3 or x.shape[-1] != self.norm1.normalized_shape[0]:
-            raise ValueError(f"expected tokens of shape (B, N, {self.norm1.normalized_shape[0]}), got {tuple(x.shape)}")
+        x = check_tokens(x, self.norm1.normalized_shape[0])
         x = self.attn(self.norm1(x))                       # (B, N, in_dim)
         return x + self.drop_path(self.mlp(self.norm2(x)))  # (B, N, in_dim)

@@ -9,10 +9,12 @@ __all__ = ['TOKENS_TYPES', 'T2TModule']
 import torch
 import torch.nn as nn
 
-from .core import to_2tuple, check_image_batch
+from .core import to_2tuple, image_size, check_image_batch
 from .soft_split import SoftSplit, restructurize, soft_split_fast, T2T_SOFT_SPLITS
 from .t2t_layer import TokenTransformer
 from .performer import TokenPerformer
+
+torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
 
 # %% ../nbs/06_t2t_module.ipynb #5a3090d0
 TOKENS_TYPES = ('performer', 'transformer')
@@ -54,11 +56,9 @@ class T2TModule(nn.Module):
         return size
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
-        check_image_batch(x, 'input')
-        if x.shape[1] != self.in_chans:
-            raise ValueError(f"expected {self.in_chans} input channels, got {x.shape[1]} (input shape {tuple(x.shape)})")
+        x = check_image_batch(x, 'input', self.in_chans)
         if self.gather_splits: return self._forward_gathered(x)
-        grid0 = self.soft_split0.output_size(x.shape[-2:])
+        grid0 = self.soft_split0.output_size(image_size(x))
         x = self.soft_split0(x)                                       # (B, H0*W0, C*7*7)
         x = self.attention1(x)                                        # (B, H0*W0, token_dim)
         x = restructurize(x, grid0)                                   # (B, token_dim, H0, W0)
@@ -74,7 +74,7 @@ class T2TModule(nn.Module):
         def split(ss, t, channels_last=False):
             return soft_split_fast(t, ss.kernel_size, ss.stride, ss.padding, channels_last=channels_last)
         B = x.shape[0]
-        H0, W0 = self.soft_split0.output_size(x.shape[-2:])
+        H0, W0 = self.soft_split0.output_size(image_size(x))
         H1, W1 = self.soft_split1.output_size((H0, W0))
         x = self.attention1(split(self.soft_split0, x))              # (B, H0*W0, token_dim)
         x = split(self.soft_split1, x.reshape(B, H0, W0, -1), True)   # (B, H1*W1, token_dim*3*3): the grid is a view

@@ -5,6 +5,7 @@ them, and nothing a run trained is lost."""
 import os, resource, signal, socket, subprocess, time, warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,8 +170,14 @@ def test_ctrl_c_once_saves_and_exits_130(folder, tmp_path):
     assert torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)['step'] == 3
 
 
+def _saved(obj) -> bytes:
+    import io; buf = io.BytesIO(); torch.save(obj, buf); return buf.getvalue()
+
+
 @pytest.mark.parametrize('content, message', [(b'this is text, not weights\n', 'not a PyTorch checkpoint'),
-                                               (b'', 'is empty (0 bytes)')])
+                                               (b'', 'is empty (0 bytes)'),
+                                               (_saved({'state_dict': {'w': torch.zeros(5000)}})[:3000], 'truncated or damaged'),
+                                               (_saved({'state_dict': {}, 'best_acc1': np.float64(71.7)}), 'pickled numpy')])
 def test_bad_pretrained_and_resume_files_get_one_line(folder, tmp_path, content, message):
     bad = tmp_path / 'weights.pth'; bad.write_bytes(content)
     code, _, err = call(main, train_args(folder, tmp_path / 'a', '--epochs', '1', '--pretrained', str(bad)))

@@ -5,9 +5,10 @@ the official ones. The fast paths against the readable paths: test_fast_paths.py
 Reference data (measured on the official code) is in reference/: official_state_dicts.json, official_macs.json
 and golden/*.pt.
 """
-import argparse, dataclasses, json, subprocess, sys
+import argparse, dataclasses, json, subprocess, sys, warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -33,6 +34,11 @@ def _small(name, **kwargs):
     "The registered model `name` built at 32 px with 42 classes, seeded."
     torch.manual_seed(0)
     return create_model(name, **(dict(num_classes=42, img_size=32) | kwargs))
+
+
+def _shallow(name):
+    "Two blocks (the dense design: stages (1, 1)) instead of the variant's depth, its widths kept."
+    return dict(depth=2) if 'depth' in get_variant(name).arch else dict(block_config=(1, 1))
 
 
 def _x(*size, batch=2): return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(1))
@@ -440,3 +446,106 @@ def test_use_ema_and_reset_classifier_cfg(tmp_path):
     model = create_model('t2t_vit_7', num_classes=10)
     model.reset_classifier(3)
     assert model.default_cfg['num_classes'] == 3 and model.num_classes == 3
+
+
+# ---------------------------------------------------------------- the position table: decided at build and load, cached
+def test_fixed_table_is_decided_at_load_not_in_forward():
+    "`fixed_pos_embed` follows what load_state_dict loads; forward never checks the table's values."
+    model = create_model('t2t_vit_7', img_size=64, embed_dim=64, depth=1, num_heads=2).eval()
+    assert model.fixed_pos_embed
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    tuned = dict(sd, pos_embed=sd['pos_embed'] + 0.05)
+    model.load_state_dict(tuned)
+    assert not model.fixed_pos_embed
+    with pytest.raises(ValueError, match='loaded \\(not the fixed sinusoid\\) position table'): model(torch.randn(1, 3, 96, 96))
+    model.load_state_dict(sd)
+    assert model.fixed_pos_embed
+    with torch.no_grad(): model(torch.randn(1, 3, 96, 96))
+    wrapped = nn.Sequential(create_model('t2t_vit_7', img_size=64, embed_dim=64, depth=1, num_heads=2))
+    wrapped.load_state_dict({'0.' + k: v for k, v in tuned.items()})       # the hook fires through a parent too
+    assert not wrapped[0].fixed_pos_embed
+
+
+def test_tables_of_other_lengths_are_cached_outside_the_state_dict():
+    model = create_model('t2t_vit_7', img_size=64, embed_dim=64, depth=1, num_heads=2).eval()
+    keys = set(model.state_dict())
+    with torch.no_grad():
+        model(torch.randn(1, 3, 96, 96)); model(torch.randn(1, 3, 96, 96))
+        model(torch.randn(1, 3, 32, 32))                                       # shorter: the beginning of pos_embed, no entry
+    assert list(model._pos_cache) == [(37, torch.device('cpu'), torch.float32)]
+    assert set(model.state_dict()) == keys                                     # the official layout is unchanged
+    torch.testing.assert_close(model._pos_cache[(37, torch.device('cpu'), torch.float32)], get_sinusoid_encoding(37, 64))
+    assert model.position_table(37) is model.position_table(37)                # computed once
+    model.load_state_dict(model.state_dict())
+    assert model._pos_cache == {}                                              # loading empties it
+    for n in range(40, 60): model.position_table(n)
+    assert len(model._pos_cache) == 8                                          # a few lengths, not all of them
+    with torch.inference_mode(): table = model.position_table(99)
+    assert not table.is_inference()                                            # usable outside inference mode afterwards
+
+
+def test_sinusoid_table_in_torch_ops_equals_numpys():
+    from t2t_course.backbone import sinusoid_table
+    for n, d in [(197, 384), (577, 256), (10, 7)]:
+        assert (sinusoid_table(n, d) - get_sinusoid_encoding(n, d)).abs().max() <= 6e-8
+
+
+def test_learned_table_follows_the_grid_not_just_the_length():
+    "A ViT built at 64 px (4 x 4) run at 128 x 32 (8 x 2, also 16 tokens) resizes its table to the new grid."
+    vit = create_model('vit_baseline', img_size=64, embed_dim=32, depth=1, num_heads=2).eval()
+    table = vit.position_table(17, (8, 2))
+    torch.testing.assert_close(table, resize_pos_embed(vit.pos_embed, (8, 2), (4, 4)))
+    assert vit.position_table(17, (4, 4)) is vit.pos_embed
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_torch_compile_fullgraph_at_another_size(name):
+    "Built at 32 px, compiled without a graph break at 48 x 40: the table comes from the graph, the output is eager's."
+    torch._dynamo.reset()
+    model, x = _small(name, **_shallow(name)).eval(), _x(48, 40)
+    compiled = torch.compile(model, backend='eager', fullgraph=True)
+    with torch.no_grad(): torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize('name', ['t2t_vit_7', 't2t_vit_t_14', 'vit_baseline', 't2t_vit_dense'])
+def test_jit_trace(name):
+    "torch.jit.trace records the model (sizes as traced values); the trace computes the model's output."
+    model = _small(name, embed_dim=64, num_heads=2, **_shallow(name)).eval()
+    x = _x(32, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # its deprecation notice, and the Performer's shape check
+        traced = torch.jit.trace(model, x)
+    with torch.no_grad(): torch.testing.assert_close(traced(x), model(x))
+
+
+def test_symbolic_sizes_pass_the_checks():
+    "Sizes that are symbols (a SymInt, a traced 0-d tensor, an FX Proxy) pass to_2tuple and the checks unchecked."
+    from t2t_course.core import to_2tuple, is_static
+    assert to_2tuple(torch.tensor(5)) == (torch.tensor(5), torch.tensor(5)) and not is_static(torch.tensor(5))
+    g = torch.fx.symbolic_trace(lambda x: to_2tuple((x.shape[-2], x.shape[-1]))[1] + torch.zeros(1))
+    assert g(torch.zeros(1, 3, 4, 6)).item() == 6
+    with pytest.raises(ValueError, match='size must be positive'): to_2tuple((0, 3))
+
+
+@pytest.mark.parametrize('kind, message', [
+    ('garbage', r"cannot read checkpoint .*garbage\.pth: not a PyTorch checkpoint, or a truncated or damaged one .*expected a file written by torch\.save"),
+    ('truncated', r"cannot read checkpoint .*truncated\.pth: not a PyTorch checkpoint, or a truncated or damaged one"),
+    ('empty', r"checkpoint file .*empty\.pth is empty \(0 bytes\)"),
+    ('numpy', r"cannot read checkpoint .*numpy\.pth: it holds a pickled numpy\S*scalar, not only tensors and plain data"),
+    ('list', r"checkpoint .*list\.pth holds a list: expected a state_dict, or a dict holding one"),
+    ('foreign', r"foreign\.pth: the checkpoint does not fit this T2TViT \(t2t_vit_7\)"),
+])
+def test_unreadable_checkpoints_are_named(kind, message, tmp_path):
+    "create_model(pretrained=path) and load_checkpoint name the file and what was expected, never a raw unpickling error."
+    from t2t_course.models import CheckpointError
+    path = tmp_path / f'{kind}.pth'
+    good = tmp_path / 'good.pth'
+    torch.save({'state_dict': create_model('t2t_vit_7', img_size=32).state_dict()}, good)
+    if kind == 'garbage': path.write_bytes(b'this is text, not weights\n')
+    elif kind == 'truncated': path.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])
+    elif kind == 'empty': path.write_bytes(b'')
+    elif kind == 'numpy': torch.save({'state_dict': {}, 'metric': np.float64(0.5)}, path)
+    elif kind == 'list': torch.save([1, 2], path)
+    else: torch.save({'weights': torch.zeros(3)}, path)
+    with pytest.raises(CheckpointError, match=message): create_model('t2t_vit_7', img_size=32, pretrained=path)
+    with pytest.raises(ValueError, match=message): load_checkpoint(create_model('t2t_vit_7', img_size=32), path)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README Quickstart, and what CI's .ci/run calls):
-#   1. set up: a virtual environment in .venv with the project and its dev extra;
+#   1. set up: a virtual environment in .venv with the project and its dev, timm and export extras
+#      (the tests of chapters 21 and 22 need timm, onnx and onnxruntime);
 #   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
 #      library out of sync with them);
 #   3. run the notebooks as tests (nbdev_test), then pytest, ending on pytest's summary line.
@@ -11,12 +12,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
-echo "== set up: $VENV with t2t_course[dev]"
+echo "== set up: $VENV with t2t_course[dev,timm,export]"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[dev]"
+python -m pip install --quiet -e ".[dev,timm,export]"
 
 # A fingerprint of the working tree: status, diff, and the content of untracked files.
 snapshot() {
