@@ -508,15 +508,23 @@ class FastTail:
         return x, (erase_params(*x.shape[:2], self.re_prob, self.re_value) if self.re_prob > 0 else None)
 
 class Uint8Batch(NamedTuple):
-    "A batch of the fast pipeline as the loader delivers it."
+    "A batch of the fast pipeline as the loader delivers it: the erased samples' noise in one tensor (one buffer to ship)."
     pixels: torch.Tensor  # (B, H, W, 3) uint8
-    erase: list           # per sample: None or (top, left, h, w, fill)
+    erase: list           # per sample: None or (top, left, h, w, start, fill shape): its fill is noise[start:...]
+    noise: torch.Tensor   # (N,) float32: the fills of the erased samples, one after another
 
 def collate_uint8(batch:list) -> Batch:
     "Collate `((uint8 image, erasing), target)` samples into `Batch(Uint8Batch, targets, skipped)`; `BadSample`s to `skipped`."
     good = [s for s in batch if not isinstance(s, BadSample)]
     b = collate_skip_bad([(s[0][0], s[1]) for s in good] + [s for s in batch if isinstance(s, BadSample)])
-    return b if b.images is None else Batch(Uint8Batch(b.images, [s[0][1] for s in good]), b.targets, b.skipped)
+    if b.images is None: return b
+    erase, fills, start = [], [], 0
+    for (_, e), _ in good:
+        if e is None: erase.append(None); continue
+        top, left, h, w, fill = e
+        erase.append((top, left, h, w, start, tuple(fill.shape))); fills.append(fill.reshape(-1)); start += fill.numel()
+    noise = torch.cat(fills) if fills else torch.empty(0)
+    return Batch(Uint8Batch(b.images, erase, noise), b.targets, b.skipped)
 
 class BatchTail:
     "The end of the recipe on a `Uint8Batch`, where it lands: float32 `(B, 3, H, W)` as `ToDtype(scale=True)` and `Normalize` give it, then each sample's erasing."
@@ -525,8 +533,9 @@ class BatchTail:
         x = batch.pixels
         out = torch.empty(x.shape[0], x.shape[3], *x.shape[1:3], device=x.device).copy_(x.permute(0, 3, 1, 2))  # (B, 3, H, W)
         out = TF.normalize(out.mul_(1.0 / 255), self.mean, self.std, inplace=True)  # torchvision's operations, in its order
-        for i, (top, left, h, w, fill) in ((i, e) for i, e in enumerate(batch.erase) if e is not None):
-            out[i, :, top:top + h, left:left + w] = fill.to(out.device, non_blocking=True)
+        noise = batch.noise.to(out.device, non_blocking=True)
+        for i, (top, left, h, w, start, shape) in ((i, e) for i, e in enumerate(batch.erase) if e is not None):
+            out[i, :, top:top + h, left:left + w] = noise[start:start + math.prod(shape)].view(shape)
         return out
 
 class TailLoader:
@@ -542,7 +551,7 @@ class _TailIter(_DeviceIter):
         images, targets, skipped = next(self.it)
         if images is None: return Batch(None, None, skipped)
         dev = self.owner.device
-        x = Uint8Batch(images.pixels.to(dev, non_blocking=True), images.erase)
+        x = Uint8Batch(images.pixels.to(dev, non_blocking=True), images.erase, images.noise)
         return Batch(self.owner.tail(x), targets.to(dev, non_blocking=True), skipped)
 
 # %% ../nbs/11_pipeline.ipynb #p0000056

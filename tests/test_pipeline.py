@@ -17,7 +17,7 @@ from torchvision.transforms import RandomResizedCrop as RRC_v1, v2
 from t2t_course.data import ImageFolderDataset, create_eval_transform, create_loader, create_train_transform, load_rgb, mean_fill
 from t2t_course.pipeline import (PIPELINES, BatchTail, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
                                  DraftResize, DraftTail, FastCrop, FastRandAugment, FastTail, LeanRandAugment, Normalize,
-                                 TailLoader, Uint8Batch, collate_encoded, collate_uint8, create_pipeline, dct_scale,
+                                 TailLoader, collate_encoded, collate_uint8, create_pipeline, dct_scale,
                                  decode_images, erase_params, make_photo, open_drafted, pil_vertical_first, resize_uint8,
                                  rrc_box, read_encoded, shear_bicubic, write_jpegs)
 from t2t_course.cli import build_parser, main
@@ -231,7 +231,7 @@ def test_fast_sample_is_pils_at_the_same_seed(files):
         torch.manual_seed(seed); a = pil_tf(load_rgb(f)); sa = torch.get_rng_state()
         torch.manual_seed(seed); x, e = ft(fc(f)); sb = torch.get_rng_state()
         assert torch.equal(sa, sb), seed  # every draw made, in pil's order
-        b = bt(Uint8Batch(x[None], [e]))[0]
+        b = bt(collate_uint8([((x, e), 0)]).images)[0]
         if e is not None:  # the erased box holds the same Gaussian noise, bit for bit
             erased += 1; top, left, h, w, _ = e
             assert torch.equal(a[:, top:top + h, left:left + w], b[:, top:top + h, left:left + w])
@@ -253,10 +253,12 @@ def test_erase_params_draws_what_random_erasing_draws():
 def test_batch_tail_is_to_dtype_normalize_and_erase():
     torch.manual_seed(0)
     x = torch.randint(0, 256, (3, 20, 30, 3), dtype=torch.uint8)
-    fill = torch.randn(3, 5, 7)
-    out = BatchTail()(Uint8Batch(x, [None, (2, 3, 5, 7, fill), None]))
+    fill, const = torch.randn(3, 5, 7), torch.zeros(1, 1, 1)
+    b = collate_uint8([((x[0], None), 0), ((x[1], (2, 3, 5, 7, fill)), 1), ((x[2], (0, 1, 4, 2, const)), 2)]).images
+    assert b.noise.shape == (3 * 5 * 7 + 1,)  # the fills in one tensor
+    out = BatchTail()(b)
     ref = v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))(x.permute(0, 3, 1, 2).float() / 255)
-    ref[1, :, 2:7, 3:10] = fill
+    ref[1, :, 2:7, 3:10] = fill; ref[2, :, 0:4, 1:3] = 0
     assert out.shape == (3, 3, 20, 30) and torch.allclose(out, ref, atol=1e-6)
 
 
