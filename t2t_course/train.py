@@ -173,7 +173,7 @@ def _build_data(run:Run):
     cfg, env = run.cfg, run.env
     if cfg.pipeline == 'gpu' and env.device.type != 'cuda':
         raise SetupError(f"--pipeline gpu decodes and augments on a CUDA GPU, and this run is on the {env.device.type}: use "
-                         f"--pipeline draft (the default) or pil")
+                         f"--pipeline draft (the default), fast or pil")
     try:
         pipe = create_pipeline(cfg.pipeline, data_root(cfg.data), cfg.img_size, cfg.data_preset, cfg.skip_bad_images)
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = dict(embed_dim=32, depth=1, num_heads=2, mlp_ratio=2., token_dim=16)
 
 
-@pytest.mark.parametrize('pipeline', ['pil', 'draft'])
+@pytest.mark.parametrize('pipeline', ['pil', 'draft', 'fast'])
 def test_a_sample_load_never_reseeds_and_leaves_the_generator(pipeline, monkeypatch):
     "SeededDataset seeds only the CPU generator, inside fork_rng: no torch.manual_seed / cuda.manual_seed*, state restored."
     p = create_pipeline(pipeline, digits_folder(), 32, 'imagenet')  # the full recipe: every draw of a sample
@@ -32,7 +32,8 @@ def test_a_sample_load_never_reseeds_and_leaves_the_generator(pipeline, monkeypa
     a = sds[(2, 5)][0]
     assert torch.equal(torch.get_rng_state(), before) and calls == [], calls
     torch.rand(50)
-    assert torch.equal(sds[(2, 5)][0], a)  # the same sample whatever was drawn before
+    b = sds[(2, 5)][0]  # the same sample whatever was drawn before (fast: uint8 pixels and the erasing it drew)
+    assert torch.equal(b, a) if torch.is_tensor(a) else (torch.equal(b[0], a[0]) and str(b[1]) == str(a[1]))
 
 
 def test_train_leaves_cudnn_and_tf32_switches_as_they_were(tmp_path):

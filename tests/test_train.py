@@ -221,6 +221,21 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(folder, uninterrupted,
     assert (out / 'metrics.csv').read_text().count('\n') == 4
 
 
+def test_kill_and_resume_with_the_fast_pipeline(folder, tmp_path):
+    "The fast pipeline draws in the worker under the per-sample seeds, as draft does: a killed run resumes to the same weights."
+    args = [*RESUME_ARGS, '--pipeline', 'fast']
+    p = run(['-m', 't2t_course.train', '--data', str(folder), *args, '--output', str(tmp_path / 'full')])
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / 'run'
+    p = run(['tests/fault_run.py', 'signal:11', '--', '--data', str(folder), *args, '--output', str(out)])
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    p = run(['-m', 't2t_course.train', '--data', str(folder), *args, '--output', str(out), '--resume', 'auto'])
+    assert p.returncode == 0 and 'resumed from' in p.stdout, p.stderr
+    a, b = torch.load(tmp_path / 'full' / 'last.pth', weights_only=True), torch.load(out / 'last.pth', weights_only=True)
+    assert a['config']['pipeline'] == b['config']['pipeline'] == 'fast'
+    assert max_diff(a['state_dict'], b['state_dict']) <= 1e-6 and max_diff(a['state_dict_ema'], b['state_dict_ema']) <= 1e-6
+
+
 def test_sigterm_from_outside_stops_cleanly(folder, tmp_path):
     "A real signal from another process (not the debug hook): a checkpoint, exit status 143, a resumable run."
     out = tmp_path / 'run'
