@@ -9,7 +9,8 @@ can reduce; on a CUDA GPU also the `gpu` pipeline (workers read bytes; nvJPEG de
 
 Each measurement goes through `create_loader` with one worker process (the 'per worker' figure), the rounds of the
 pipelines rotate their order, and the best round of each counts (a shared machine is noisy: the minimum time is the
-cleanest). `fast` leaves the float conversion, the normalisation and writing the erasing it drew to the process the
+cleanest, and more, shorter rounds catch more of its quiet moments). `fast` leaves the float conversion, the
+normalisation and writing the erasing it drew to the process the
 batch lands in (`BatchTail`: on the GPU when training on one); its "charged" figure adds that step's CPU time per
 image to the worker's, as if one core did both. The goal is `fast` >= 2x `pil` per worker on the ImageNet-like
 files, with the same augmentation (the same draws; kernels within a stated tolerance: tests/test_pipeline.py); the
@@ -74,11 +75,11 @@ def main(argv=None) -> int:
     p.add_argument('--quick', action='store_true', help='small rounds, about a minute on a CPU (default: off)')
     p.add_argument('--img-size', type=int, default=224, help='training size (default: 224)')
     p.add_argument('--files', type=int, default=None, help='generated files per set (default: 48, or 32 with --quick)')
-    p.add_argument('--rounds', type=int, default=None, help='rounds per pipeline (default: 5, or 3 with --quick)')
-    p.add_argument('--images', type=int, default=None, help='images per round (default: 400, or 160 with --quick)')
+    p.add_argument('--rounds', type=int, default=None, help='rounds per pipeline (default: 7, or 5 with --quick)')
+    p.add_argument('--images', type=int, default=None, help='images per round (default: 320, or 128 with --quick)')
     p.add_argument('--gpu-batch', type=int, default=256, help='batch of the gpu pipeline (default: 256)')
     a = p.parse_args(argv)
-    files, rounds, n = a.files or (32 if a.quick else 48), a.rounds or (3 if a.quick else 5), a.images or (160 if a.quick else 400)
+    files, rounds, n = a.files or (32 if a.quick else 48), a.rounds or (5 if a.quick else 7), a.images or (128 if a.quick else 320)
     torch.set_num_threads(1)  # the main process only collects batches; one thread leaves the worker its core
     tmp = Path(tempfile.mkdtemp(prefix='t2t_bench_pipe_'))
     t0 = time.perf_counter()

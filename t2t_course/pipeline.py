@@ -7,11 +7,11 @@ __all__ = ['DCT_SCALES', 'RA_OPS', 'PIPELINES', 'make_photo', 'write_jpegs', 'rr
            'resize_size', 'DraftResize', 'ra_draw', 'FastRandAugment', 'DraftTail', 'Normalize', 'EncodedImage',
            'read_encoded', 'collate_encoded', 'decode_images', 'erase_box', 'box_mask', 'rand_augment_batch',
            'DeviceTrainAugment', 'DeviceEvalTransform', 'DeviceLoader', 'pil_vertical_first', 'resize_uint8',
-           'FastCrop', 'shear_bicubic', 'LeanRandAugment', 'erase_params', 'FastTail', 'Uint8Batch', 'collate_uint8',
-           'BatchTail', 'TailLoader', 'Pipeline', 'create_pipeline']
+           'jpeg_header', 'FastCrop', 'shear_bicubic', 'sharpness_rgb', 'LeanRandAugment', 'erase_params', 'FastTail',
+           'Uint8Batch', 'collate_uint8', 'BatchTail', 'TailLoader', 'Pipeline', 'create_pipeline']
 
 # %% ../nbs/11_pipeline.ipynb #p0000004
-import math, os, warnings
+import functools, math, os, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -52,11 +52,16 @@ def write_jpegs(root, n:int, size=(375, 500), classes:int=2, quality:int=90, see
     return root
 
 # %% ../nbs/11_pipeline.ipynb #p0000014
+@functools.lru_cache
+def _log_range(ratio) -> tuple:
+    "The log of an aspect-ratio range as torchvision computes it (float32 `torch.log`), once per range."
+    return tuple(float(v) for v in torch.log(torch.tensor(ratio)))
+
 def rrc_box(height:int, width:int,               # the image's size (from its header)
             scale=(0.08, 1.0),                   # range of the crop's area, as a fraction of the image's
             ratio=(3 / 4, 4 / 3)) -> tuple:      # range of its aspect ratio w / h, drawn log-uniformly
     "RandomResizedCrop's box `(top, left, h, w)`, drawn as torchvision draws it, from torch's default generator."
-    area, log_ratio = height * width, torch.log(torch.tensor(ratio))
+    area, log_ratio = height * width, _log_range(tuple(ratio))
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
         aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
@@ -180,12 +185,16 @@ RA_OPS = (  # torchvision's v2.RandAugment: (name, strengths(bins, H, W) or None
     ('Equalize', None, False, lambda x, m, i, f: TF.equalize(x)),
 )
 
+_MAGNITUDES = {}
+
 def ra_draw(num_bins:int, magnitude:int, height:int, width:int) -> tuple:
     "One RandAugment op, drawn as `v2.RandAugment` draws it: (op index, signed magnitude)."
     k = int(torch.randint(len(RA_OPS), ()))
     _, strengths, signed, _ = RA_OPS[k]
     if strengths is None: return k, 0.
-    m = float(strengths(num_bins, height, width)[magnitude])
+    key = (k, num_bins, magnitude, height, width)  # the strength table draws nothing: computed once per size
+    if key not in _MAGNITUDES: _MAGNITUDES[key] = float(strengths(num_bins, height, width)[magnitude])
+    m = _MAGNITUDES[key]
     if signed and torch.rand(()) <= 0.5: m = -m
     return k, m
 
@@ -411,6 +420,22 @@ def _decode_rgb_jpeg(data:bytes):
         try: return decode_jpeg(t, mode=ImageReadMode.RGB).permute(1, 2, 0) if _whole_jpeg(t) else None  # cut off: PIL's
         except RuntimeError: return None
 
+_SOF_OTHER = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # lossless, hierarchical, arithmetic coding
+
+def jpeg_header(data:bytes):
+    "`(height, width, components)` from an 8-bit baseline or progressive JPEG's frame header (SOF0-2), or None: PIL's to judge."
+    if data[:3] != b'\xff\xd8\xff': return None
+    i, n = 2, len(data)
+    while i + 10 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF: i += 1; continue                                       # a fill byte
+        if marker in (0xC0, 0xC1, 0xC2):                                          # SOF: precision, height, width, components
+            h, w = int.from_bytes(data[i + 5:i + 7], 'big'), int.from_bytes(data[i + 7:i + 9], 'big')
+            return (h, w, data[i + 9]) if data[i + 4] == 8 and h > 0 and w > 0 else None
+        if marker in _SOF_OTHER or marker in (0xD9, 0xDA): return None             # another coding, or no frame header
+        i += 2 if 0xD0 <= marker <= 0xD8 or marker == 0x01 else 2 + int.from_bytes(data[i + 2:i + 4], 'big')
+    return None
+
 class FastCrop(DraftCrop):
     "`DraftCrop` where the crop needs the full resolution: RGB JPEGs decoded by torchvision, the box resized by `resize_uint8`."
     def __call__(self, path) -> Image.Image:
@@ -419,12 +444,11 @@ class FastCrop(DraftCrop):
             if not box: box.extend(rrc_box(H, W, self.scale, self.ratio))
             return dct_scale(box[2], box[3], *self.size)
         torch_resize = interp.value in ('bicubic', 'bilinear')
-        try:
-            with Image.open(path) as im:  # the header only
-                if choose(im.height, im.width) == 1 and torch_resize and im.format == 'JPEG' and im.mode == 'RGB':
-                    im.fp.seek(0); hwc = _decode_rgb_jpeg(im.fp.read())
-        except Exception as e:
-            raise BadImageError(f"cannot decode image file {path}: {type(e).__name__}: {e}") from e
+        if torch_resize:
+            try: data = Path(path).read_bytes()
+            except OSError as e: raise BadImageError(f"cannot decode image file {path}: {type(e).__name__}: {e}") from e
+            head = jpeg_header(data)                                                  # RGB JPEGs: (H, W, 3)
+            if head is not None and head[2] == 3 and choose(*head[:2]) == 1: hwc = _decode_rgb_jpeg(data)
         img, s, _ = open_drafted(path, choose) if hwc is None else (None, 1, None)  # any other file, or a coarser scale
         if img is not None and s == 1 and torch_resize: hwc = torch.from_numpy(np.array(img))
         self.counts[s] += 1; self.last_scale = s
@@ -468,14 +492,38 @@ def shear_bicubic(img:Image.Image, m:float, x:bool, fill) -> Image.Image:
     out[outside] = [int(c) for c in fill]
     return Image.fromarray(out)
 
+# %% ../nbs/11_pipeline.ipynb #1afea0c9
+_K1, _K5 = np.float32(1) / np.float32(13), np.float32(5) / np.float32(13)  # Pillow's SMOOTH kernel, normalised in float32
+
+def _smooth_rgb(a:np.ndarray) -> np.ndarray:
+    "PIL's `ImageFilter.SMOOTH` of an `(H, W, 3)` uint8 array (H, W >= 3), its float32 arithmetic in its order."
+    f = a.astype(np.float32)
+    def row(r, centre):  # Filter.c's KERNEL1x3 on a band of rows: (H - 2, W, 3) -> (H - 2, W - 2, 3)
+        t = r[:, :-2] * _K1; t += r[:, 1:-1] * centre; t += r[:, 2:] * _K1
+        return t
+    s = np.float32(0.5) + row(f[2:], _K1)                                     # offset 0.5, the row below first
+    s += row(f[1:-1], _K5); s += row(f[:-2], _K1)
+    out = a.copy()                                                            # the border stays as it is
+    out[1:-1, 1:-1] = np.clip(s, 0, 255, out=s)                               # float32 -> uint8 truncates
+    return out
+
+def sharpness_rgb(img:Image.Image, factor:float) -> Image.Image:
+    "RandAugment's Sharpness (`TF.adjust_sharpness`, PIL's `ImageEnhance.Sharpness`) of an RGB image, bit for bit, in numpy."
+    if img.mode != 'RGB' or min(img.size) < 3: return TF.adjust_sharpness(img, factor)
+    a = np.asarray(img)
+    smooth = _smooth_rgb(a)
+    t = a.astype(np.float32); t -= smooth; t *= np.float32(factor); t += smooth  # Image.blend(smooth, img, factor)
+    return Image.fromarray(np.clip(t, 0, 255, out=t).astype(np.uint8))
+
 class LeanRandAugment(FastRandAugment):
-    "`FastRandAugment` with its bicubic ShearX and ShearY by `shear_bicubic`: torchvision's draws and images, bit for bit."
+    "`FastRandAugment` with ShearX and ShearY by `shear_bicubic` and Sharpness by `sharpness_rgb`: torchvision's draws and images, bit for bit."
     def __call__(self, img:Image.Image) -> Image.Image:
         W, H = img.size
         for _ in range(self.num_ops):
             k, m = ra_draw(self.num_bins, self.magnitude, H, W)
-            exact = k in (1, 2) and self.interpolation == v2.InterpolationMode.BICUBIC
-            img = shear_bicubic(img, m, k == 1, self.fill) if exact else RA_OPS[k][3](img, m, self.interpolation, self.fill)
+            if k in (1, 2) and self.interpolation == v2.InterpolationMode.BICUBIC: img = shear_bicubic(img, m, k == 1, self.fill)
+            elif k == 9: img = sharpness_rgb(img, 1. + m)
+            else: img = RA_OPS[k][3](img, m, self.interpolation, self.fill)
         return img
 
 # %% ../nbs/11_pipeline.ipynb #e44bca97
@@ -483,7 +531,7 @@ def erase_params(height:int, width:int, p:float=0.25, value=None,  # value None:
                  scale=(0.02, 0.33), ratio=(0.3, 3.3), channels:int=3):
     "`v2.RandomErasing`'s draws for one image, in its order: None, or `(top, left, h, w, fill)`, fill `(C, h, w)` noise or `(1, 1, 1)`."
     if torch.rand(1) >= p: return None
-    area, log_ratio = height * width, torch.log(torch.tensor(ratio))
+    area, log_ratio = height * width, _log_range(tuple(ratio))
     for _ in range(10):
         erase_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
         aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()

@@ -18,8 +18,8 @@ from t2t_course.data import ImageFolderDataset, create_eval_transform, create_lo
 from t2t_course.pipeline import (PIPELINES, BatchTail, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
                                  DraftResize, DraftTail, FastCrop, FastRandAugment, FastTail, LeanRandAugment, Normalize,
                                  TailLoader, collate_encoded, collate_uint8, create_pipeline, dct_scale,
-                                 decode_images, erase_params, make_photo, open_drafted, pil_vertical_first, resize_uint8,
-                                 rrc_box, read_encoded, shear_bicubic, write_jpegs)
+                                 decode_images, erase_params, jpeg_header, make_photo, open_drafted, pil_vertical_first,
+                                 resize_uint8, rrc_box, read_encoded, sharpness_rgb, shear_bicubic, write_jpegs)
 from t2t_course.cli import build_parser, main
 
 TINY_ARGS = ['--model', 't2t_vit_7', '--model-kwargs', 'embed_dim=32', 'depth=1', 'num_heads=2', 'mlp_ratio=2.0',
@@ -182,6 +182,30 @@ def test_shear_bicubic_is_pils(m):
             assert np.array_equal(np.asarray(shear_bicubic(img, m, x, (124, 116, 104))), np.asarray(ref)), (H, W, x)
     gray = Image.fromarray(rng.integers(0, 256, (30, 40), dtype=np.uint8))
     assert np.array_equal(np.asarray(shear_bicubic(gray, m, True, (7,))), np.asarray(_shear(gray, m, True, v2.InterpolationMode.BICUBIC, [7])))
+
+
+def test_sharpness_rgb_is_pils():
+    "Against TF.adjust_sharpness (PIL's ImageEnhance): the same bytes, factors either side of 1, odd and tiny sizes, noise."
+    from torchvision.transforms.v2 import functional as TF
+    rng = np.random.default_rng(2)
+    for H, W in [(224, 224), (37, 100), (3, 3), (2, 9)]:
+        for img in (Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)), Image.fromarray(make_photo(H, W, seed=H))):
+            for f in (1.81, 0.19, 1.0, 2.5, 0.0):
+                assert np.array_equal(np.asarray(sharpness_rgb(img, f)), np.asarray(TF.adjust_sharpness(img, f))), (H, W, f)
+
+
+def test_jpeg_header_reads_the_frame_header(files, tmp_path):
+    "Size and components from SOF0/SOF2 without PIL; None for what PIL must judge (not a JPEG, no frame header)."
+    Image.fromarray(make_photo(120, 90, seed=4)).save(tmp_path / 'prog.jpg', progressive=True)
+    Image.fromarray(make_photo(50, 70, seed=5)[..., 0]).save(tmp_path / 'gray.jpg')
+    expect = {'photo.JPEG': (375, 500, 3), 'big.JPEG': (1200, 1600, 3), 'cmyk.jpg': (260, 300, 4), 'photo.png': None,
+              'png_named.JPEG': None, 'text.jpg': None, 'truncated.jpg': (375, 500, 3)}
+    for name, want in expect.items():
+        assert jpeg_header((files / name).read_bytes()) == want, name
+    assert jpeg_header((tmp_path / 'prog.jpg').read_bytes()) == (120, 90, 3)
+    assert jpeg_header((tmp_path / 'gray.jpg').read_bytes()) == (50, 70, 1)
+    data = (files / 'photo.JPEG').read_bytes()
+    assert jpeg_header(data[:20]) is None and jpeg_header(b'\xff\xd8\xff') is None   # cut off inside the header
 
 
 @pytest.mark.parametrize('mode', ['bicubic', 'bilinear'])
