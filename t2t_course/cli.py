@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  torchrun --nproc_per_node 8 -m t2t_course.train --data /data/imagenet --model t2t_vit_14\n"
                "  t2t_train --data /data/imagenet --resume auto       # continue the run in its --output folder\n"
                "exit status: 0 done; 1 the run failed (a bad image, a non-finite loss, a checkpoint that could not be "
-               "written, a lost process); 2 bad arguments; 128 + N stopped by signal N (143: SIGTERM, 130: Ctrl-C) after "
+               "written, a lost process); 2 bad arguments; 128 + N stopped by signal N (143: SIGTERM, 130: Ctrl-C; 141: stdout closed, as by | head) after "
                "saving a checkpoint")
     groups, filled = {}, set(recipe_keys())
     for f in fields(TrainConfig):
@@ -185,13 +185,17 @@ def eval_main(argv=None) -> int:
         return 2
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0: return 0
     i = r['info']
-    for name in ('weights', 'EMA'):
-        if name in r:
-            m = r[name]
-            top5 = f"  top-5 {m['acc5']:6.2f}%" if i['classes'] > 5 else ''
-            print(f"{name:>7}: top-1 {m['acc1']:6.2f}%{top5}  loss {m['loss']:.4f}  ({m['n']} images)")
-    if r['bad_images'].count: print(r['bad_images'].report())
-    print(f"{i['model']} at {i['img_size']} px on {i['folder']} ({i['images']} images, {i['classes']} classes)")
+    try:
+        for name in ('weights', 'EMA'):
+            if name in r:
+                m = r[name]
+                top5 = f"  top-5 {m['acc5']:6.2f}%" if i['classes'] > 5 else ''
+                print(f"{name:>7}: top-1 {m['acc1']:6.2f}%{top5}  loss {m['loss']:.4f}  ({m['n']} images)")
+        if r['bad_images'].count: print(r['bad_images'].report())
+        print(f"{i['model']} at {i['img_size']} px on {i['folder']} ({i['images']} images, {i['classes']} classes)")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`t2t_eval ... | head -1`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); return 1
     return 0
 
 # %% ../nbs/18_cli.ipynb #efe71395

@@ -309,8 +309,12 @@ def study_main(argv=None) -> int:
         return 130
     plot_study(rows, f'{grid} grid on {data_name(a.data or GRIDS[grid]["data"])}').savefig(out / 'summary.png', dpi=100)
     plot_curves(rows).savefig(out / 'curves.png', dpi=100)
-    print(report(rows))
-    print(f"results.csv, summary.png and curves.png are in {out}")
+    try:
+        print(report(rows))
+        print(f"results.csv, summary.png and curves.png are in {out}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (`t2t_study ... | head`): the files are written; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); return 1
     return 0
 
 # %% ../nbs/19_study.ipynb #db96f27c

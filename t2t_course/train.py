@@ -126,6 +126,8 @@ def run_callbacks(run, event:str):
     for cb in sorted(run.callbacks, key=lambda c: getattr(c, 'order', 0)): getattr(cb, event)(run)
 
 # %% ../nbs/17_train.ipynb #59e22fca
+_SIGPIPE = getattr(signal, 'SIGPIPE', signal.SIGTERM)  # what a closed stdout stops a run as (exit 141)
+
 @dataclass
 class Run:
     "One process's share of a run: everything the loop reads besides the `TrainState`; rebuilt from the config at each start."
@@ -140,6 +142,7 @@ class Run:
     steps_per_epoch: int = 0; total_epochs: int = 0; global_batch: int = 0
     callbacks: list = field(default_factory=list)
     stop: GracefulStop = None        # the signal flag (set in `fit`)
+    stdout_gone: bool = False        # stdout's reader has gone (`t2t_train ... | head`): stop as SIGPIPE would
     lock: object = None              # the output folder's RunLock (rank 0)
     bad_log: BadImageLog = field(default_factory=BadImageLog)      # training images skipped
     val_bad_log: BadImageLog = field(default_factory=BadImageLog)  # validation images skipped (counted once)
@@ -154,8 +157,16 @@ class Run:
     @property
     def best_path(self) -> Path: return self.out / 'best.pth'
     def log(self, *args):
-        "Print on rank 0 only."
-        if self.env.is_main: print(*args, flush=True)
+        "Print on rank 0 only; when stdout's reader has gone, stop cleanly after this step (a checkpoint, exit 141) instead of a traceback."
+        if not self.env.is_main: return
+        try: print(*args, flush=True)
+        except BrokenPipeError:  # the reader of a pipe exited: SIGPIPE's meaning, with the run saved
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nowhere to write; no second error at exit
+            if not self.stdout_gone:
+                print("stdout was closed (its reader exited): stopping after this step with a checkpoint; continue with "
+                      f"--resume auto --output {self.cfg.output}", file=sys.stderr)
+            self.stdout_gone = True
+            if self.stop is not None and self.stop.signum is None: self.stop.signum = _SIGPIPE
 
 # %% ../nbs/17_train.ipynb #4dc7e404
 def build_model(cfg:TrainConfig, num_classes:int) -> nn.Module:
@@ -511,6 +522,7 @@ def fit(run:Run) -> TrainResult:
     interrupted = 0
     with GracefulStop() as stop:
         run.stop, run.vote = stop, StopVote(stop, run.vote_group)
+        if run.stdout_gone: stop.signum = _SIGPIPE  # the header could not be written
         try:
             run_callbacks(run, 'before_fit')
             while run.state.epoch < run.total_epochs and not interrupted:

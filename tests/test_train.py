@@ -251,6 +251,28 @@ def test_sigterm_from_outside_stops_cleanly(folder, tmp_path):
     assert ck['epoch'] >= 1 and 'stopped by SIGTERM' in stdout
 
 
+EVAL_MAIN = 'import sys; from t2t_course.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))'
+
+
+def test_a_closed_stdout_stops_cleanly_and_resumes(folder, tmp_path):
+    "`t2t_train ... | head -1`: no traceback, a checkpoint, exit 141 (SIGPIPE's status), a run that resumes; t2t_eval likewise quiet."
+    out, e = tmp_path / 'run', dict(os.environ, PYTHONWARNINGS='ignore')
+    args = ['-m', 't2t_course.train', '--data', str(folder), *TINY_ARGS, '--batch-size', '8', '--epochs', '3', '--output', str(out)]
+    proc = subprocess.Popen([PY, *args], cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline(); proc.stdout.close()  # what head -1 does
+    stderr = proc.stderr.read(); proc.wait(timeout=300)
+    assert proc.returncode == 141 and 'Traceback' not in stderr and 'stdout was closed' in stderr, (proc.returncode, stderr)
+    ck = torch.load(out / 'last.pth', weights_only=True)
+    assert ck['step'] >= 1 and ck['epoch'] < 3  # stopped after the step or the epoch during which the pipe closed
+    p = run([*args, '--resume', 'auto'])
+    assert p.returncode == 0 and 'resumed from' in p.stdout, p.stderr
+    proc = subprocess.Popen([PY, '-c', EVAL_MAIN, str(out / 'last.pth')], cwd=REPO, env=e, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read(); proc.wait(timeout=300)
+    assert proc.returncode == 1 and 'Traceback' not in stderr, (proc.returncode, stderr)
+
+
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(folder, tmp_path, monkeypatch):
     out = tmp_path / 'run'
     nan_main = lambda argv: main(argv, callbacks=[NanAfterStep(11)])  # step 12: step 4 of epoch 2 (8 steps per epoch)
