@@ -2,7 +2,8 @@
 against the CPU pipelines of chapter 11, `draft` (crop first, DCT-scaled decode) and `fast` (draft's draws, torch
 decode and uint8 resize, numpy shears, uint8 out of the worker), side by side in one run, on generated ImageNet-like
 JPEGs (500 x 375, `make_photo`: gradients, shapes, texture), and on large photos (1600 x 1200) where the draft decode
-can reduce; on a CUDA GPU also the `gpu` pipeline (workers read bytes; nvJPEG decode and augmentation on the GPU).
+can reduce; on a CUDA GPU also `fast` with its batch step on the GPU and the `gpu` pipeline (workers read bytes;
+nvJPEG decode and augmentation on the GPU), with 1, 4 and 8 workers.
 
     python benchmarks/data_pipeline.py --quick     # about a minute on a CPU
     python benchmarks/data_pipeline.py             # longer rounds; on a GPU machine also the gpu pipeline
@@ -101,11 +102,14 @@ def main(argv=None) -> int:
               f"(charged with its batch step: {ratios[k]['fast charged']:.2f}x; draft: {ratios[k]['draft']:.2f}x)")
         if torch.cuda.is_available():
             name = torch.cuda.get_device_name()
-            pipe = create_pipeline('gpu', tmp / 'ImageNet-like', a.img_size)
-            for w in sorted({1, 4, min(8, os.cpu_count() or 1)}):
-                rate = loader_rate(pipe, pipe.train, max(n, 4 * a.gpu_batch), a.gpu_batch, 'cuda', w)
-                print(f"gpu pipeline on {name}, {w} reader worker(s), batch {a.gpu_batch}: {rate:8.1f} img/s "
-                      f"(nvJPEG decode and augmentation included, synchronised)", flush=True)
+            for kind in ('fast', 'gpu'):  # fast: CPU workers, its batch step on the GPU; gpu: workers read bytes only
+                pipe = create_pipeline(kind, tmp / 'ImageNet-like', a.img_size)
+                for w in sorted({1, 4, min(8, os.cpu_count() or 1)}):
+                    rate = loader_rate(pipe, pipe.train, max(n, 4 * a.gpu_batch), a.gpu_batch, 'cuda', w)
+                    what = ('decode and augmentation in the workers, the batch step on the GPU' if kind == 'fast' else
+                            'nvJPEG decode and augmentation on the GPU')
+                    print(f"{kind} pipeline on {name}, {w} worker(s), batch {a.gpu_batch}: {rate:8.1f} img/s ({what}, "
+                          f"synchronised)", flush=True)
         else:
             print("gpu pipeline: not measured (no CUDA GPU here)")
     finally:

@@ -13,7 +13,7 @@ from dataclasses import fields
 import torch
 import torch.distributed as dist
 
-from .core import in_ipython
+from .core import in_ipython, stdout_to_devnull
 from .models import get_variant, list_models
 from .data import BUILTIN_DATASETS, BadImageError
 from .optim import SetupError
@@ -195,7 +195,7 @@ def eval_main(argv=None) -> int:
         print(f"{i['model']} at {i['img_size']} px on {i['folder']} ({i['images']} images, {i['classes']} classes)")
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (`t2t_eval ... | head -1`): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); return 1
+        stdout_to_devnull(); return 1
     return 0
 
 # %% ../nbs/18_cli.ipynb #efe71395

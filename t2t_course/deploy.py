@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .core import in_ipython, to_2tuple
+from .core import in_ipython, stdout_to_devnull, to_2tuple
 from .models import checkpoint_filter_fn, create_model, list_models
 from .optim import SetupError
 from .checkpoint import load_checkpoint_file
@@ -199,7 +199,7 @@ def predict_main(argv=None) -> int:
             for r in results: print(format_predictions(r['image'], r['top']))
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (`t2t_predict ... | head`): stop quietly, as Unix tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        stdout_to_devnull()
         return 1
     return 2 if errors else 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import in_ipython
+from .core import in_ipython, stdout_to_devnull
 from .models import create_model, list_models
 from .data import data_name, data_root, get_dataset, is_builtin
 from .optim import SetupError
@@ -314,7 +314,7 @@ def study_main(argv=None) -> int:
         print(f"results.csv, summary.png and curves.png are in {out}")
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (`t2t_study ... | head`): the files are written; stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); return 1
+        stdout_to_devnull(); return 1
     return 0
 
 # %% ../nbs/19_study.ipynb #db96f27c

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.distributed as dist
 
-from .core import set_seed, in_ipython
+from .core import set_seed, in_ipython, stdout_to_devnull
 from .models import create_model
 from .data import BadImageLog, MixupCutmix, create_loader, create_loss, data_name, data_root, get_dataset, is_builtin
 from .pipeline import create_pipeline
@@ -161,7 +161,7 @@ class Run:
         if not self.env.is_main: return
         try: print(*args, flush=True)
         except BrokenPipeError:  # the reader of a pipe exited: SIGPIPE's meaning, with the run saved
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nowhere to write; no second error at exit
+            stdout_to_devnull()
             if not self.stdout_gone:
                 print("stdout was closed (its reader exited): stopping after this step with a checkpoint; continue with "
                       f"--resume auto --output {self.cfg.output}", file=sys.stderr)

@@ -416,3 +416,25 @@ def test_t2t_train_gpu_pipeline_on_cuda(files, tmp_path):
     assert code == 0, err
     assert 'skipped 2 bad image sample(s) from 2 file(s)' in out
     assert 'pipeline gpu:' in out and 'by PIL on the CPU' in out
+
+
+@pytest.mark.cuda
+def test_fast_batch_step_on_cuda_is_the_cpu_one(files):
+    "BatchTail where the batch lands on a GPU: the CPU's result, the erasing noise included."
+    fc, ft = FastCrop(64), FastTail(re_prob=1.)
+    torch.manual_seed(0)
+    b = collate_uint8([(ft(fc(files / 'photo.JPEG')), 0) for _ in range(4)]).images
+    cpu = BatchTail()(b)
+    cuda = BatchTail()(type(b)(b.pixels.cuda(), b.erase, b.noise.cuda()))
+    assert cuda.device.type == 'cuda' and torch.allclose(cuda.cpu(), cpu, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_t2t_train_fast_pipeline_on_cuda(files, tmp_path):
+    "The fast pipeline's workers on the CPU, its batch step on the GPU: bad files skipped and counted, a checkpoint."
+    root = bad_folder(tmp_path / 'data', files)
+    code, out, err = call(['--data', str(root), *TINY_ARGS, '--pipeline', 'fast', '--device', 'cuda', '--workers', '1',
+                           '-b', '3', '--skip-bad-images', '--output', str(tmp_path / 'f')])
+    assert code == 0, err
+    assert 'skipped 2 bad image sample(s) from 2 file(s)' in out and "pipeline='fast'" in out
+

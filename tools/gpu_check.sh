@@ -6,7 +6,7 @@
 # 2. pytest -m cuda with T2T_REQUIRE_CUDA=1, so that no cuda test can skip silently;
 # 3. the #| cuda cells of the notebooks that have them (nbdev_test --flags cuda runs those notebooks whole);
 # 4. benchmarks/gpu_train.py (training img/s and MFU at batch 64 and 256, eager and compiled; the loader plain and pinned);
-# 5. benchmarks/data_pipeline.py --quick (pil vs draft per worker, and the gpu pipeline on the GPU).
+# 5. benchmarks/data_pipeline.py --quick (pil, draft and fast per worker; fast and gpu on the GPU with 1, 4, 8 workers).
 # Each step has a time limit and its own log; the summary at the end says which passed. Exit status: 0 if all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
