@@ -11,7 +11,7 @@ __all__ = ['DCT_SCALES', 'RA_OPS', 'PIPELINES', 'make_photo', 'write_jpegs', 'rr
            'Uint8Batch', 'collate_uint8', 'BatchTail', 'TailLoader', 'Pipeline', 'create_pipeline']
 
 # %% ../nbs/11_pipeline.ipynb #p0000004
-import functools, math, os, warnings
+import functools, io, math, os, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -84,10 +84,11 @@ def dct_scale(need_h:float, need_w:float,   # the region's size in pixels of the
     "The coarsest JPEG DCT scale 1/s (s in 8, 4, 2, 1) at which a `need_h x need_w` region still has `out_h x out_w` pixels."
     return next(s for s in DCT_SCALES if (need_h / s >= out_h and need_w / s >= out_w) or s == 1)
 
-def open_drafted(path, choose_scale) -> tuple:  # choose_scale(H, W) -> s, given the full size
+def open_drafted(path, choose_scale,      # choose_scale(H, W) -> s, given the full size
+                 data:bytes=None) -> tuple:  # the file's bytes, if already read
     "Decode `path` as 8-bit RGB at the JPEG DCT scale 1/s that `choose_scale` picks (other formats at 1); (image, s, (H, W))."
     try:
-        with Image.open(path) as im:
+        with Image.open(path if data is None else io.BytesIO(data)) as im:
             W, H = im.size
             s = choose_scale(H, W)  # always called: it draws the crop box
             if im.format != 'JPEG': s = 1
@@ -439,7 +440,7 @@ def jpeg_header(data:bytes):
 class FastCrop(DraftCrop):
     "`DraftCrop` where the crop needs the full resolution: RGB JPEGs decoded by torchvision, the box resized by `resize_uint8`."
     def __call__(self, path) -> Image.Image:
-        interp, box, hwc = _rrc_interp(self.interpolation), [], None
+        interp, box, hwc, data = _rrc_interp(self.interpolation), [], None, None
         def choose(H, W):  # the box, once, from the header's size; then the scale it allows
             if not box: box.extend(rrc_box(H, W, self.scale, self.ratio))
             return dct_scale(box[2], box[3], *self.size)
@@ -449,7 +450,8 @@ class FastCrop(DraftCrop):
             except OSError as e: raise BadImageError(f"cannot decode image file {path}: {type(e).__name__}: {e}") from e
             head = jpeg_header(data)                                                  # RGB JPEGs: (H, W, 3)
             if head is not None and head[2] == 3 and choose(*head[:2]) == 1: hwc = _decode_rgb_jpeg(data)
-        img, s, _ = open_drafted(path, choose) if hwc is None else (None, 1, None)  # any other file, or a coarser scale
+            if head is None: data = None  # not a JPEG we read: PIL opens the file itself, and names it in its errors
+        img, s, _ = open_drafted(path, choose, data) if hwc is None else (None, 1, None)  # any other file, or a coarser scale
         if img is not None and s == 1 and torch_resize: hwc = torch.from_numpy(np.array(img))
         self.counts[s] += 1; self.last_scale = s
         top, left, h, w = box
