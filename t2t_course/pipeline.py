@@ -5,10 +5,11 @@
 # %% auto #0
 __all__ = ['DCT_SCALES', 'RA_OPS', 'PIPELINES', 'make_photo', 'write_jpegs', 'rrc_box', 'dct_scale', 'open_drafted', 'DraftCrop',
            'resize_size', 'DraftResize', 'ra_draw', 'FastRandAugment', 'DraftTail', 'Normalize', 'EncodedImage',
-           'read_encoded', 'collate_encoded', 'decode_images', 'erase_box', 'box_mask', 'rand_augment_batch',
-           'DeviceTrainAugment', 'DeviceEvalTransform', 'DeviceLoader', 'pil_vertical_first', 'resize_uint8',
-           'jpeg_header', 'FastCrop', 'shear_bicubic', 'sharpness_rgb', 'LeanRandAugment', 'erase_params', 'FastTail',
-           'Uint8Batch', 'collate_uint8', 'BatchTail', 'TailLoader', 'Pipeline', 'create_pipeline']
+           'read_encoded', 'collate_encoded', 'decode_images', 'erase_size', 'erase_box', 'box_mask',
+           'rand_augment_batch', 'DeviceTrainAugment', 'DeviceEvalTransform', 'DeviceLoader', 'pil_vertical_first',
+           'resize_uint8', 'jpeg_header', 'FastCrop', 'shear_bicubic', 'sharpness_rgb', 'LeanRandAugment',
+           'erase_params', 'FastTail', 'Uint8Batch', 'collate_uint8', 'BatchTail', 'TailLoader', 'Pipeline',
+           'create_pipeline']
 
 # %% ../nbs/11_pipeline.ipynb #p0000004
 import functools, io, math, os, warnings
@@ -288,17 +289,21 @@ def decode_images(encoded:list,                  # EncodedImages
     return [out[i] for i in keep], keep, skipped, fallbacks
 
 # %% ../nbs/11_pipeline.ipynb #p0000046
-def erase_box(height:int, width:int, scale=(0.02, 1 / 3), ratio=(0.3, 3.3)):
-    "RandomErasing's box `(top, left, h, w)`, drawn as `v2.RandomErasing` draws it (None after ten misses); the noise is drawn apart."
-    area, log_ratio = height * width, torch.log(torch.tensor(ratio))
+def erase_size(height:int, width:int, scale=(0.02, 1 / 3), ratio=(0.3, 3.3)):
+    "The size `(h, w)` of RandomErasing's box, drawn as `v2.RandomErasing` draws it (area, then log-uniform ratio, until it fits); None after ten misses."
+    area, log_ratio = height * width, _log_range(tuple(ratio))
     for _ in range(10):
         erase_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
         aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
         h, w = int(round(math.sqrt(erase_area * aspect))), int(round(math.sqrt(erase_area / aspect)))
-        if h < height and w < width:
-            top = torch.randint(0, height - h + 1, size=(1,)).item()
-            return top, torch.randint(0, width - w + 1, size=(1,)).item(), h, w
+        if h < height and w < width: return h, w
     return None
+
+def erase_box(height:int, width:int, scale=(0.02, 1 / 3), ratio=(0.3, 3.3)):
+    "RandomErasing's box `(top, left, h, w)`, drawn as `v2.RandomErasing` draws it (None after ten misses); the noise is drawn apart."
+    if (hw := erase_size(height, width, scale, ratio)) is None: return None
+    top = torch.randint(0, height - hw[0] + 1, size=(1,)).item()
+    return top, torch.randint(0, width - hw[1] + 1, size=(1,)).item(), *hw
 
 def box_mask(boxes:torch.Tensor, H:int, W:int) -> torch.Tensor:  # boxes (n, 4): top, left, h, w
     "`(n, 1, H, W)` bool, True inside each sample's box."
@@ -533,15 +538,10 @@ def erase_params(height:int, width:int, p:float=0.25, value=None,  # value None:
                  scale=(0.02, 0.33), ratio=(0.3, 3.3), channels:int=3):
     "`v2.RandomErasing`'s draws for one image, in its order: None, or `(top, left, h, w, fill)`, fill `(C, h, w)` noise or `(1, 1, 1)`."
     if torch.rand(1) >= p: return None
-    area, log_ratio = height * width, _log_range(tuple(ratio))
-    for _ in range(10):
-        erase_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
-        h, w = int(round(math.sqrt(erase_area * aspect))), int(round(math.sqrt(erase_area / aspect)))
-        if not (h < height and w < width): continue
-        fill = torch.empty(channels, h, w).normal_() if value is None else torch.tensor([float(value)]).view(1, 1, 1)
-        return torch.randint(0, height - h + 1, size=(1,)).item(), torch.randint(0, width - w + 1, size=(1,)).item(), h, w, fill
-    return None  # ten misses: torchvision leaves the image as it is
+    if (hw := erase_size(height, width, scale, ratio)) is None: return None  # ten misses: the image stays as it is
+    h, w = hw
+    fill = torch.empty(channels, h, w).normal_() if value is None else torch.tensor([float(value)]).view(1, 1, 1)  # before the position
+    return torch.randint(0, height - h + 1, size=(1,)).item(), torch.randint(0, width - w + 1, size=(1,)).item(), h, w, fill
 
 class FastTail:
     "The recipe after `FastCrop`, in the worker: flip, `LeanRandAugment`, erasing's draws -> `(uint8 (H, W, 3), erasing)`."
