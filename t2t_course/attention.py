@@ -176,7 +176,7 @@ class Block(nn.Module):
                  drop_path:float=0.,        # stochastic depth rate of both branches
                  act_layer=nn.GELU,         # activation of the MLP
                  norm_layer=nn.LayerNorm,   # normalization class (LayerNorm, eps 1e-5)
-                 attn_layer=Attention,      # the attention class (chapter 09 swaps in its designs' variants)
+                 attn_layer=Attention,      # the attention class (chapter 10 swaps in its designs' variants)
                  mlp_layer=Mlp):            # the MLP class, likewise
         super().__init__()
         self.norm1 = norm_layer(dim)

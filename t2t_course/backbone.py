@@ -98,7 +98,7 @@ class Backbone(nn.Module):
                  drop_path_rate:float=0.,    # stochastic depth of the last block (linear from 0)
                  norm_layer=nn.LayerNorm,    # normalization class
                  pos_embed:str='sinusoid',   # 'sinusoid' (fixed buffer, T2T-ViT) or 'learned' (parameter, ViT)
-                 block_fn=Block,             # the block class, called with Block's keyword arguments (chapter 09's designs)
+                 block_fn=Block,             # the block class, called with Block's keyword arguments (chapter 10's designs)
                 ):
         super().__init__()
         if pos_embed not in ('sinusoid', 'learned'): raise ValueError(f"pos_embed must be 'sinusoid' or 'learned', got {pos_embed!r}")
@@ -302,7 +302,7 @@ def _prune_intermediate_layers(self, indices=1, prune_norm:bool=False, prune_hea
 Backbone.forward_intermediates, Backbone.prune_intermediate_layers = _forward_intermediates, _prune_intermediate_layers
 
 # %% ../nbs/07_backbone.ipynb #3143e36d
-def _block_widths(self) -> list: return [self.embed_dim] * len(self.blocks)  # each block's output width (chapter 09's dense: more)
+def _block_widths(self) -> list: return [self.embed_dim] * len(self.blocks)  # each block's output width (chapter 10's dense: more)
 
 def _feature_info(self) -> list:
     "timm's feature metadata: for each block, its module name, output width and stride in pixels."

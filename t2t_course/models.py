@@ -44,7 +44,7 @@ class T2TViT(Backbone):
                  drop_path_rate:float=0.,      # stochastic depth of the last block
                  norm_layer=nn.LayerNorm,      # normalization class
                  token_dim:int=64,             # width of the tokens inside the T2T module
-                 block_fn=Block,               # the backbone's block class (chapter 09's designs swap it)
+                 block_fn=Block,               # the backbone's block class (chapter 10's designs swap it)
                 ):
         tokens_to_token = T2TModule(img_size, tokens_type, in_chans, embed_dim, token_dim)
         super().__init__(tokens_to_token.num_patches, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias,
@@ -277,7 +277,7 @@ def _guess_variant(state_dict:dict) -> str:
     depth = len({k.split('.')[1] for k in state_dict if k.startswith('blocks.')})
     tokens = 'performer' if any(k.endswith('attention1.w') for k in state_dict) else 'transformer'
     names = [n for n, v in VARIANTS.items() if _layout(v) == (D, depth, tokens)]
-    if len(names) > 1:  # the same width, depth and T2T layer (a design of chapter 09?): compare every key and shape
+    if len(names) > 1:  # the same width, depth and T2T layer (a design of chapter 10?): compare every key and shape
         def shapes(sd): return {k: tuple(v.shape) for k, v in sd.items() if k != 'pos_embed' and not k.startswith('head.')}
         names = [n for n in names if shapes(create_model(n).state_dict()) == shapes(state_dict)] or names
     return names[0] if names else f'{tokens} T2T layers, embed_dim {D}, depth {depth}'

@@ -1,4 +1,4 @@
-"""Tests of `t2t_course.data` (chapter 09): decoding odd and broken files, folder scanning, skipping bad images
+"""Tests of `t2t_course.data` (chapter 10): decoding odd and broken files, folder scanning, skipping bad images
 through worker processes, the recipe transforms, MixUp/CutMix and the loss, the embedded digits folder (also with
 two processes at once), and the ILSVRC2012 validation reorganiser in all label formats, as a function and a CLI.
 

@@ -1,4 +1,4 @@
-"""The paper's five CNN-inspired designs (chapter 09, `t2t_course.design_space`).
+"""The paper's five CNN-inspired designs (chapter 10, `t2t_course.design_space`).
 
 - the official layouts (keys, shapes, total and trainable counts) against reference/official_design_space.json,
   and the MACs against the official (fvcore) counts in reference/official_macs.json;

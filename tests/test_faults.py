@@ -1,4 +1,4 @@
-"""Reliability under faults (chapters 10, 13, 14, 17, 18): symlink loops, two runs on one folder, interrupted writes,
+"""Reliability under faults (chapters 11, 14, 15, 18, 19): symlink loops, two runs on one folder, interrupted writes,
 unwritable outputs and full disks, Ctrl-C twice, bad weight files and bad architectures, t2t_eval's bad input, and
 distributed faults (a hung or dead peer, a signal to one process). No command prints a Python traceback on any of
 them, and nothing a run trained is lost."""

@@ -58,7 +58,7 @@ def test_registry():
     assert list_models() == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384', 't2t_vit_14_hard_split',
                              't2t_vit_14_resnext', 't2t_vit_14_se', 't2t_vit_14_wide', 't2t_vit_16_ghost', 't2t_vit_19',
                              't2t_vit_24', 't2t_vit_dense', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24',
-                             'vit_baseline']  # with chapter 09's designs and the baselines
+                             'vit_baseline']  # with chapter 10's designs and the baselines
     assert list_models('*_t_*') == ['t2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
     assert list_models('resnet*') == []
     assert t2t_course.create_model is create_model and t2t_course.T2TViT is T2TViT

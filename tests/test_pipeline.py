@@ -1,4 +1,4 @@
-"""The data pipelines of chapter 11: the crop drawn first (torchvision's draws, and its distribution by KS tests), the
+"""The data pipelines of chapter 12: the crop drawn first (torchvision's draws, and its distribution by KS tests), the
 draft decode (scales, pil's images where the scale is 1, close ones where it is coarser), the lean RandAugment, the
 fast pipeline (exact shears, torch's resize within 2 levels of PIL's, pil's draws, its batch step), the robust path
 for odd files, the gpu pipeline run on CPU tensors (fallbacks, bad files, reproducibility), and
@@ -36,7 +36,7 @@ def call(argv):
 
 @pytest.fixture(scope='module')
 def files(tmp_path_factory):
-    "A typical photo (500 x 375 JPEG), a big one (1600 x 1200 JPEG), a PNG, and the odd files of chapter 10's zoo."
+    "A typical photo (500 x 375 JPEG), a big one (1600 x 1200 JPEG), a PNG, and the odd files of chapter 11's zoo."
     d = tmp_path_factory.mktemp('files')
     Image.fromarray(make_photo()).save(d / 'photo.JPEG', quality=90)
     Image.fromarray(make_photo(1200, 1600, seed=1)).save(d / 'big.JPEG', quality=90)
@@ -116,7 +116,7 @@ def test_open_drafted_sizes_and_formats(files):
 
 @pytest.mark.parametrize('name', ['photo.JPEG', 'photo.png', 'cmyk.jpg', 'gray16.png', 'palette.png', 'png_named.JPEG'])
 def test_draft_is_pil_where_the_scale_is_1(files, name):
-    "Train and eval samples equal chapter 10's bit for bit: the full recipe at 20 seeds (odd files through load_rgb's robust path)."
+    "Train and eval samples equal chapter 11's bit for bit: the full recipe at 20 seeds (odd files through load_rgb's robust path)."
     whole, tail, crop = create_train_transform(224), DraftTail(), DraftCrop(224)
     for seed in range(20):
         torch.manual_seed(seed); a = whole(load_rgb(files / name))
@@ -247,7 +247,7 @@ def test_fast_crop_names_bad_files(files):
 
 
 def test_fast_sample_is_pils_at_the_same_seed(files):
-    "The whole training sample through FastCrop, FastTail and BatchTail against chapter 10's transform: pil's draws (erasing included), pil's pixels within the resize's rounding."
+    "The whole training sample through FastCrop, FastTail and BatchTail against chapter 11's transform: pil's draws (erasing included), pil's pixels within the resize's rounding."
     pil_tf, fc, ft, bt = create_train_transform(224), FastCrop(224), FastTail(), BatchTail()
     diffs, erased = [], 0
     for seed in range(40):

@@ -1,4 +1,4 @@
-"""The experiments (chapters 10, 19): the main job on a real token grid, the cluttered digits, and the study runner
+"""The experiments (chapters 11, 20): the main job on a real token grid, the cluttered digits, and the study runner
 and command (t2t_study): results.csv, resume, the claims' verdicts, bad arguments."""
 import csv, json, subprocess, sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Training (chapters 12-18): a real run on the embedded digits, DDP against a single process, kill-and-resume, bad
+"""Training (chapters 13-19): a real run on the embedded digits, DDP against a single process, kill-and-resume, bad
 images, a non-finite loss, the command lines and their errors, the ImageNet path on a tiny generated folder, and t2t_eval
 on our and on official-layout checkpoints. GPU-only checks are marked `cuda`."""
 import csv, io, math, os, signal, subprocess, sys, time

@@ -40,8 +40,8 @@ if [[ "${SUMMARY[0]}" == FAIL* ]]; then echo "${SUMMARY[0]}"; exit 1; fi
 nvidia-smi >"$LOG/nvidia-smi.txt" 2>&1 || true
 
 step pytest_cuda 300 "$PY" -m pytest -q -m cuda tests -rA
-step notebook_11_cuda 240 nbdev_test --flags cuda --path nbs/11_pipeline.ipynb
-step notebook_17_cuda 240 nbdev_test --flags cuda --path nbs/17_train.ipynb
+step notebook_11_cuda 240 nbdev_test --flags cuda --path nbs/12_pipeline.ipynb
+step notebook_17_cuda 240 nbdev_test --flags cuda --path nbs/18_train.ipynb
 step gpu_train 360 "$PY" benchmarks/gpu_train.py --steps 15 --warmup 3 --workers 1 8
 step data_pipeline 180 "$PY" benchmarks/data_pipeline.py --quick
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README Quickstart, and what CI's .ci/run calls):
 #   1. set up: a virtual environment in .venv with the project and its dev, timm and export extras
-#      (the tests of chapters 21 and 22 need timm, onnx and onnxruntime);
+#      (the tests of chapters 22 and 23 need timm, onnx and onnxruntime);
 #   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
 #      library out of sync with them);
 #   3. run the notebooks as tests (nbdev_test), then pytest, ending on pytest's summary line.
