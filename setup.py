@@ -23,9 +23,10 @@ if cfg.get('pip_requirements'): requirements += shlex.split(cfg.get('pip_require
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), cfg['license'])
 dev_requirements = shlex.split(cfg.get('dev_requirements') or '')
-# Optional extras, each from its own `<name>_requirements` line of settings.ini: dev (which includes the other two), timm, export.
-extras = {name: shlex.split(cfg.get(f'{name}_requirements') or '') for name in ('dev', 'timm', 'export')}
-extras['dev'] += extras['timm'] + extras['export']  # the dev extra runs every test, chapters 21 and 22's too
+# Optional extras, each from its own `<name>_requirements` line of settings.ini: dev (which includes timm and export), timm,
+# export, and docs (the website's tools, tools/site.sh).
+extras = {name: shlex.split(cfg.get(f'{name}_requirements') or '') for name in ('dev', 'timm', 'export', 'docs')}
+extras['dev'] += extras['timm'] + extras['export']  # the dev extra runs every test, chapters 22 and 24's too
 
 package_data = dict()
 pkg_data = cfg.get('package_data', None)

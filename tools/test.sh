@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README Quickstart, and what CI's .ci/run calls):
-#   1. set up: a virtual environment in .venv with the project and its dev, timm and export extras
-#      (the tests of chapters 22 and 23 need timm, onnx and onnxruntime);
+#   1. set up: a virtual environment in .venv with the project and its dev, timm, export and docs extras
+#      (the tests of chapters 22 and 24 need timm, onnx and onnxruntime; tests/test_site.py builds two pages of the
+#      website with the docs extra's Jupyter Book);
 #   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
 #      library out of sync with them);
 #   3. run the notebooks as tests (nbdev_test), then pytest, ending on pytest's summary line.
@@ -12,12 +13,12 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
-echo "== set up: $VENV with t2t_course[dev,timm,export]"
+echo "== set up: $VENV with t2t_course[dev,timm,export,docs]"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[dev,timm,export]"
+python -m pip install --quiet -e ".[dev,timm,export,docs]"
 
 # A fingerprint of the working tree: status, diff, and the content of untracked files.
 snapshot() {
