@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .core import is_static
 
 # %% ../nbs/03_attention.ipynb #1edfa6da
-def _differ(a, b) -> bool: return is_static(a) and is_static(b) and a != b  # sizes known now (chapter 00) and different
+def _differ(a, b) -> bool: return is_static(a) and is_static(b) and a != b  # sizes known now (chapters 22 and 24) and different
 
 def _check_qkv(q, k, v, dropout_p=0.):
     "Raise a clear error when `q`, `k`, `v` or `dropout_p` cannot go into attention (static sizes only)."
@@ -31,7 +31,7 @@ def _check_qkv(q, k, v, dropout_p=0.):
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not 0. <= dropout_p <= 1.: raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
 
-torch.fx.wrap('_check_qkv')  # a leaf of FX graphs: it runs on the real tensors, not on placeholders (chapter 00)
+torch.fx.wrap('_check_qkv')  # a leaf of FX graphs: it runs on the real tensors, not on placeholders (chapters 22 and 24)
 
 def attention_naive(q:torch.Tensor,           # queries (B, h, N, d) or (B, N, d)
                     k:torch.Tensor,           # keys, same shape as `q` except the number of tokens

@@ -116,7 +116,7 @@ IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
 
 def sample_image_path() -> Path:
-    "Path of the photo matplotlib ships in its sample data (Grace Hopper, 512 x 600, RGB)."
+    "Path of the photo matplotlib ships in its sample data (Grace Hopper, U.S. Navy, public domain; 512 x 600, RGB)."
     from matplotlib import cbook
     return Path(cbook.get_sample_data('grace_hopper.jpg', asfileobj=False))
 

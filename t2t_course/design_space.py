@@ -172,8 +172,8 @@ class GhostAttention(nn.Module):
         self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
     def _heads(self, x:torch.Tensor, primary, cheap) -> torch.Tensor:  # (B, N, D) -> (B, h, N, d)
-        B, N, _ = x.shape
-        return ghost_features(x, primary, cheap).reshape(B, N, self.num_heads, -1).transpose(1, 2)
+        B, N, D = x.shape
+        return ghost_features(x, primary, cheap).reshape(B, N, self.num_heads, D // self.num_heads).transpose(1, 2)
 
     def _attend(self, q, k, v) -> torch.Tensor:  # (B, h, M, d) x 3 -> (B, M, D), through `proj`
         x = attention(q, k, v, self.scale, self.attn_drop.p, self.training, fused=self.fused_attn)  # (B, h, M, d)

@@ -13,7 +13,7 @@ from einops import rearrange
 
 from .core import to_2tuple, is_static, image_size, check_image_batch
 
-torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
+torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapters 22 and 24)
 
 # %% ../nbs/01_hard_split.ipynb #83862017
 def hard_split(img:torch.Tensor,  # images (B, C, H, W)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .core import to_2tuple, is_static, image_size, check_image_batch
 
-torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
+torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapters 22 and 24)
 
 # %% ../nbs/02_soft_split.ipynb #1fba14fc
 def soft_split_size(size,          # input size along one axis (int) or (H, W)
@@ -99,14 +99,14 @@ def soft_split_fast(x:torch.Tensor,           # images (B, C, H, W), or a token 
     H, W = (x.shape[1], x.shape[2]) if channels_last else (x.shape[2], x.shape[3])
     (Ho, Wo), (kh, kw) = soft_split_size((H, W), kernel_size, stride, padding), to_2tuple(kernel_size, 'kernel_size')
     (sh, sw), (ph, pw) = to_2tuple(stride, 'stride'), to_2tuple(padding, 'padding', min_value=0)
-    B = x.shape[0]
+    B, C = x.shape[0], (x.shape[3] if channels_last else x.shape[1])  # C*kh*kw spelled out: B may be 0
     if channels_last:
         x = F.pad(x, (0, 0, pw, pw, ph, ph))                          # (B, H+2p, W+2p, C), zeros
         w = x.unfold(1, kh, sh).unfold(2, kw, sw)                     # (B, Ho, Wo, C, kh, kw), a view
-        return w.reshape(B, Ho * Wo, -1)                              # (B, L, C*kh*kw): the gather
+        return w.reshape(B, Ho * Wo, C * kh * kw)                     # (B, L, C*kh*kw): the gather
     x = F.pad(x, (pw, pw, ph, ph))                                    # (B, C, H+2p, W+2p), zeros
     w = x.unfold(2, kh, sh).unfold(3, kw, sw)                         # (B, C, Ho, Wo, kh, kw), a view
-    return w.permute(0, 2, 3, 1, 4, 5).reshape(B, Ho * Wo, -1)       # (B, L, C*kh*kw): the gather
+    return w.permute(0, 2, 3, 1, 4, 5).reshape(B, Ho * Wo, C * kh * kw)  # (B, L, C*kh*kw): the gather
 
 # %% ../nbs/02_soft_split.ipynb #68024dd9
 def coverage(size, kernel_size, stride, padding=0) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch.nn as nn
 from .core import check_tokens
 from .attention import attention, Mlp, DropPath
 
-torch.fx.wrap('check_tokens')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
+torch.fx.wrap('check_tokens')  # a leaf of FX graphs: the check runs on the real tensor (chapters 22 and 24)
 
 # %% ../nbs/04_t2t_layer.ipynb #9213aac3
 class TokenAttention(nn.Module):

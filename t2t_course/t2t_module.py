@@ -14,7 +14,7 @@ from .soft_split import SoftSplit, restructurize, soft_split_fast, T2T_SOFT_SPLI
 from .t2t_layer import TokenTransformer
 from .performer import TokenPerformer
 
-torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapter 00)
+torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapters 22 and 24)
 
 # %% ../nbs/06_t2t_module.ipynb #5a3090d0
 TOKENS_TYPES = ('performer', 'transformer')
@@ -77,7 +77,7 @@ class T2TModule(nn.Module):
         H0, W0 = self.soft_split0.output_size(image_size(x))
         H1, W1 = self.soft_split1.output_size((H0, W0))
         x = self.attention1(split(self.soft_split0, x))              # (B, H0*W0, token_dim)
-        x = split(self.soft_split1, x.reshape(B, H0, W0, -1), True)   # (B, H1*W1, token_dim*3*3): the grid is a view
+        x = split(self.soft_split1, x.reshape(B, H0, W0, x.shape[-1]), True)   # (B, H1*W1, token_dim*3*3): the grid is a view
         x = self.attention2(x)                                        # (B, H1*W1, token_dim)
-        x = split(self.soft_split2, x.reshape(B, H1, W1, -1), True)   # (B, H2*W2, token_dim*3*3)
+        x = split(self.soft_split2, x.reshape(B, H1, W1, x.shape[-1]), True)   # (B, H2*W2, token_dim*3*3)
         return self.project(x)                                        # (B, N, D)

@@ -52,6 +52,19 @@ def test_import_is_light():
     assert res.stdout.strip() == '[]'
 
 
+def test_timm_contract_without_timm():
+    "`import t2t_course` alone (timm unimportable) gives every model timm's contract methods (chapter 23's `contract`)."
+    code = ("import sys; sys.modules['timm'] = None; import torch, t2t_course; "
+            "from t2t_course.backbone import feature_take_indices; "
+            "m = t2t_course.create_model('t2t_vit_7', img_size=32, depth=2); m.set_grad_checkpointing(); "
+            "r = t2t_course.create_model('resnet_baseline', num_classes=3, img_size=32).eval(); "
+            "print(len(m.feature_info), m.group_matcher()['stem'], len(m.forward_intermediates(torch.zeros(1, 3, 32, 32), 1)[1]), "
+            "m.grad_checkpointing, m.head_hidden_size, m.pretrained_cfg is m.default_cfg, feature_take_indices(3, 1), "
+            "len(r.forward_intermediates(torch.zeros(1, 3, 32, 32))))")
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == '2 ^cls_token|^pos_embed|^tokens_to_token 1 True 256 True [2] 5'
+
+
 def test_registry():
     assert list_models(pretrained=True) == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384',
                                             't2t_vit_19', 't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
@@ -64,7 +77,7 @@ def test_registry():
     assert t2t_course.create_model is create_model and t2t_course.T2TViT is T2TViT
     with pytest.raises(ValueError, match=r"unknown model 't2t_vit_t14'; did you mean 't2t_vit_t_14'"):
         create_model('t2t_vit_t14')
-    with pytest.raises(ValueError, match=rf"unknown model 'vgg16' \(list_models\(\) shows all {len(list_models())}\)"):
+    with pytest.raises(ValueError, match=rf"unknown model 'vgg16' \(list_models\(unlisted=True\) shows all {len(list_models(unlisted=True))}\)"):
         create_model('vgg16')
 
 
@@ -77,7 +90,7 @@ OFFICIAL_RECIPES = {  # the official README's training commands: deviations from
 
 
 def test_every_registered_model_is_a_variant():
-    assert sorted(VARIANTS) == sorted(list_models())
+    assert sorted(VARIANTS) == sorted(list_models(unlisted=True))
     assert all(get_variant(n).name == n for n in list_models())
 
 
@@ -92,7 +105,7 @@ def test_official_variants_recipes_sizes_and_releases():
 
 def test_get_variant_unknown_name():
     with pytest.raises(ValueError, match=r"unknown model 't2t_vit_t14'; did you mean 't2t_vit_t_14'"): get_variant('t2t_vit_t14')
-    with pytest.raises(ValueError, match=rf"unknown model 'vgg16' \(list_models\(\) shows all {len(list_models())}\)"): get_variant('vgg16')
+    with pytest.raises(ValueError, match=rf"unknown model 'vgg16' \(list_models\(unlisted=True\) shows all {len(list_models(unlisted=True))}\)"): get_variant('vgg16')
 
 
 def test_variant_is_read_only():
