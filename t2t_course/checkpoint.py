@@ -70,6 +70,8 @@ def load_checkpoint_file(path,                 # a checkpoint file: ours (last.p
                         ) -> dict:
     "Load a checkpoint on the CPU with `read_checkpoint` (`weights_only`); anything unreadable is a one-line `SetupError`."
     path = Path(path)
+    try: path.exists()
+    except OSError as e: raise SetupError(f"cannot read {what} {path}: {os.strerror(e.errno).lower()}") from None
     if not path.exists(): raise SetupError(f"no {what} file at {path}")
     if not path.is_file(): raise SetupError(f"{what} {path} is not a file")
     try: ck = read_checkpoint(path, what=what)  # one-sentence CheckpointErrors: empty, garbage, truncated, foreign objects
@@ -113,8 +115,8 @@ def _holder(path:Path) -> str:
 def lock_run_folder(folder) -> RunLock:
     "Create `folder` if needed and lock it for this run; `SetupError` if it is not a writable folder or another run holds it."
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir(): raise SetupError(f"output {folder} is a file, not a folder: choose another --output")
-    try:
+    try:  # exists() itself raises for some paths (a name over 255 bytes)
+        if folder.exists() and not folder.is_dir(): raise SetupError(f"output {folder} is a file, not a folder: choose another --output")
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e: raise SetupError(f"cannot use output folder {folder}: {_reason(e)}") from None

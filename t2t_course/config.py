@@ -38,7 +38,7 @@ def recipe(model:str=None,     # a registered model; None: the dataset's (built-
         if model is not None and model != r['model']: r.update(model=model, model_kwargs={})  # its shrinking is for its model
     else:
         r = dict(PAPER_RECIPE, model=model or PAPER_RECIPE['model'])
-        if r['model'] in list_models(): r.update(get_variant(r['model']).recipe)
+        if r['model'] in list_models(unlisted=True): r.update(get_variant(r['model']).recipe)
         if pretrained: r.update(FINETUNE_RECIPE)
     preset = DATA_PRESETS[r['data_preset']]
     mix = dict(mixup=preset['mix']['mixup_alpha'], cutmix=preset['mix']['cutmix_alpha'], mix_prob=preset['mix']['prob'],
@@ -77,7 +77,7 @@ class TrainConfig:
                                         "because its resize rounds differently from PIL's (by up to 2 levels): it is the one "
                                         "to pick for speed; gpu is not the default on GPUs because its speed there has not been "
                                         "measured yet and its geometric RandAugment ops are bilinear")
-    workers: int = option("data-loading processes per training process, at most the CPUs per process", group=DATA)
+    workers: int = option("data-loading processes per training process, at most the machine's CPUs (the default: at most the CPUs per process)", group=DATA)
     threads: int = option("torch CPU threads per process in a CPU run", group=DATA, none="torch's default")
     skip_bad_images: bool = option("skip (and report) images that cannot be decoded instead of stopping at the first "
                                    "one", False, group=DATA)
@@ -144,7 +144,7 @@ def resolve_config(cfg:TrainConfig) -> TrainConfig:
     if is_builtin(vals['data']): vals['data'] = get_dataset(vals['data']).name
     for k in ('data', 'output', 'resume', 'pretrained'):  # paths as plain strings: the config goes into checkpoints
         if vals[k] is not None: vals[k] = str(vals[k])
-    if vals['img_size'] is None: vals['img_size'] = get_variant(vals['model']).img_size if vals['model'] in list_models() else 224
+    if vals['img_size'] is None: vals['img_size'] = get_variant(vals['model']).img_size if vals['model'] in list_models(unlisted=True) else 224
     if vals['output'] is None and vals['resume'] not in (None, 'auto'):  # continue in the checkpoint's own folder
         vals['output'] = str(Path(vals['resume']).parent)
     if vals['output'] is None:
@@ -163,7 +163,7 @@ def check_config(cfg:TrainConfig) -> TrainConfig:
         if not ok: raise SetupError(msg)
     def positive_int(name): need(isinstance(getattr(cfg, name), int) and getattr(cfg, name) >= 1,
                                  f"{name} must be a positive int, got {getattr(cfg, name)!r}")
-    need(cfg.model in list_models(), f"unknown model {cfg.model!r}: choose from {', '.join(list_models())}")
+    need(cfg.model in list_models(unlisted=True), f"unknown model {cfg.model!r}: choose from {', '.join(list_models())}")
     need(isinstance(cfg.model_kwargs, dict), f"model_kwargs must be a dict, got {cfg.model_kwargs!r}")
     need(cfg.data_preset in DATA_PRESETS, f"data_preset must be one of {', '.join(DATA_PRESETS)}, got {cfg.data_preset!r}")
     need(cfg.pipeline in PIPELINES, f"pipeline must be one of {', '.join(PIPELINES)}, got {cfg.pipeline!r}")
@@ -187,15 +187,22 @@ def check_config(cfg:TrainConfig) -> TrainConfig:
     need(cfg.mixup >= 0 and cfg.cutmix >= 0, "mixup and cutmix must be >= 0 (0: off)")
     need(0 <= cfg.mix_prob <= 1, f"mix_prob must be in [0, 1], got {cfg.mix_prob}")
     need(isinstance(cfg.workers, int) and cfg.workers >= 0, f"workers must be >= 0, got {cfg.workers!r}")
+    cpus = os.cpu_count() or 1  # each worker is a process that wants a CPU of its own
+    need(cfg.workers <= cpus, f"workers ({cfg.workers}) must be at most this machine's {cpus} CPUs")
     need(cfg.threads is None or (isinstance(cfg.threads, int) and cfg.threads >= 1), f"threads must be >= 1, got {cfg.threads!r}")
     need(cfg.amp in ('auto', 'bf16', 'fp16', 'off'), f"amp must be 'auto', 'bf16', 'fp16' or 'off', got {cfg.amp!r}")
     need(cfg.dist_timeout > 0, f"dist_timeout must be a positive number of seconds, got {cfg.dist_timeout}")
     if not is_builtin(cfg.data):
         root = Path(cfg.data)
+        try: root.is_dir()
+        except OSError as e: need(False, f"data folder {root}: {os.strerror(e.errno).lower()}")  # e.g. a name over 255 bytes
         need(root.is_dir(), f"data folder {root} does not exist")
         for split in ('train', 'val'):
             need((root / split).is_dir(), f"data folder {root} has no {split}/ folder: expected {root}/train/<class>/<images> "
                                           f"and {root}/val/<class>/<images>")
+    if cfg.resume not in (None, 'auto'):
+        try: Path(cfg.resume).is_file()
+        except OSError as e: need(False, f"resume {cfg.resume}: {os.strerror(e.errno).lower()}")
     need(cfg.resume is None or cfg.resume == 'auto' or Path(cfg.resume).is_file(),
          f"resume must be 'auto' or a checkpoint file; {cfg.resume} does not exist")
     return cfg

@@ -4,16 +4,16 @@
 
 # %% auto #0
 __all__ = ['IMG_EXTENSIONS', 'FOLDER_MARKER', 'DATA_PRESETS', 'BUILTIN_DATASETS', 'DEFAULT_DATASET', 'DIGITS_RECIPE', 'DIGITS',
-           'CLUTTERED_VERSION', 'CLUTTERED_RECIPE', 'CLUTTERED_DIGITS', 'BadImageError', 'to_rgb', 'load_rgb',
-           'find_images', 'scan_image_folder', 'BadSample', 'Batch', 'ImageFolderDataset', 'collate_skip_bad',
-           'BadImageLog', 'create_loader', 'mean_fill', 'ResizeCover', 'create_train_transform',
-           'create_eval_transform', 'MixupCutmix', 'create_loss', 'build_folder_once', 'digits_folder',
+           'CLUTTERED_VERSION', 'CLUTTERED_RECIPE', 'CLUTTERED_DIGITS', 'CLUTTERED_TUNE', 'BadImageError', 'to_rgb',
+           'load_rgb', 'find_images', 'scan_image_folder', 'BadSample', 'Batch', 'ImageFolderDataset',
+           'collate_skip_bad', 'BadImageLog', 'create_loader', 'mean_fill', 'ResizeCover', 'create_train_transform',
+           'create_eval_transform', 'MixupCutmix', 'create_loss', 'folder_files', 'build_folder_once', 'digits_folder',
            'create_datasets', 'BuiltinDataset', 'register_dataset', 'list_datasets', 'is_builtin', 'get_dataset',
-           'data_root', 'data_name', 'cluttered_sample', 'cluttered_digits_folder', 'read_val_labels',
-           'prepare_imagenet_val', 'prepare_val_cli']
+           'data_root', 'data_name', 'cluttered_sample', 'cluttered_digits_folder', 'cluttered_tune_folder',
+           'read_val_labels', 'prepare_imagenet_val', 'prepare_val_cli']
 
 # %% ../nbs/11_data.ipynb #d009347b
-import argparse, csv, io, json, os, shutil, signal, sys, tarfile, tempfile, warnings
+import argparse, csv, io, json, os, shutil, signal, stat, sys, tarfile, tempfile, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -75,7 +75,7 @@ def find_images(folder,                     # a class folder
                 split_root=None,            # the split folder around it: links from `folder` into its other classes are skipped
                 skipped=None                # a list that collects (link, reason) for every link not followed
                ) -> list:
-    "Sorted paths of the image files under `folder`, following links but each real folder once and each real file once."
+    "Sorted paths of the image files under `folder`, following links but each real folder once and each real file once; special files skipped."
     seen_dirs, seen_files, found = set(), set(), []
     real_top = os.path.realpath(folder)
     real_split = os.path.realpath(split_root) if split_root is not None else None
@@ -101,6 +101,8 @@ def find_images(folder,                     # a class folder
             p = os.path.join(dirpath, f)
             try: st = os.stat(p)
             except OSError: found.append(p); continue  # a broken link: the loader names it as a bad image
+            if not stat.S_ISREG(st.st_mode):            # a FIFO, socket or device named like an image: `open` could block
+                skip(p, 'not a regular file (a FIFO, socket or device)'); continue
             if (st.st_dev, st.st_ino) in seen_files: continue  # the same file again (two links to it): once per class
             seen_files.add((st.st_dev, st.st_ino)); found.append(p)
     return sorted(found)
@@ -156,11 +158,12 @@ class ImageFolderDataset(Dataset):
                  extensions=IMG_EXTENSIONS,       # file endings to read, compared lower-case
                  loader=load_rgb):                # path -> RGB `PIL.Image`
         self.root, self.transform, self.skip_bad_images, self.loader = Path(root), transform, skip_bad_images, loader
-        self.skipped_links = []  # (link, reason) for the directory links the scan did not follow
+        self.skipped_links = []  # (path, reason) for the folder links the scan did not follow and the special files
         self.classes, self.class_to_idx, self.samples = scan_image_folder(root, classes, extensions, self.skipped_links)
         if self.skipped_links:
             names = '; '.join(f"{p} ({why})" for p, why in self.skipped_links[:5])
-            warnings.warn(f"{root}: skipped {len(self.skipped_links)} folder link(s): {names}"
+            warnings.warn(f"{root}: skipped {len(self.skipped_links)} entr{'y' if len(self.skipped_links) == 1 else 'ies'} "
+                          f"(folder links not followed, special files): {names}"
                           f"{' ...' if len(self.skipped_links) > 5 else ''}", stacklevel=2)
         self.targets = [t for _, t in self.samples]
 
@@ -343,17 +346,56 @@ def create_loss(train:bool=True,              # True: the training loss; False: 
 # %% ../nbs/11_data.ipynb #7b8ea7cc
 FOLDER_MARKER = '.complete.json'  # written last into a built folder: its presence means the folder is complete
 
+def folder_files(root) -> dict:
+    "The number of visible files in each `<split>/<class>` folder of `root`: `{'train/0': 143, ...}` (one scandir per folder)."
+    out = {}
+    for split in sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith('.')):
+        for c in sorted(e.name for e in os.scandir(Path(root) / split) if e.is_dir() and not e.name.startswith('.')):
+            out[f'{split}/{c}'] = sum(1 for e in os.scandir(Path(root) / split / c) if not e.name.startswith('.'))
+    return out
+
+def _differences(record:dict, found:dict) -> list:
+    "What differs between the recorded and the found folder counts, in words."
+    if 'files' in record: want = record['files']
+    else:  # a folder built before the per-class record: its split totals and class names
+        want, got = record.get('counts', {}), {}
+        for k, n in found.items(): got[k.split('/')[0]] = got.get(k.split('/')[0], 0) + n
+        extra = sorted({k.split('/')[1] for k in found} - set(record.get('classes', [])))
+        return ([f"{k}: {got.get(k, 0)} files, built with {n}" for k, n in want.items() if got.get(k, 0) != n] +
+                [f"class folder {c} was not built" for c in extra])
+    return ([f"{k}: {found[k]} files, built with {n}" for k, n in want.items() if k in found and found[k] != n] +
+            [f"{k} is missing" for k in want if k not in found] + [f"{k} was not built" for k in found if k not in want])
+
+def _remove_stale_builds(root:Path):
+    "Delete the temporary siblings of `root` left by builds whose process is gone (killed before its clean-up ran)."
+    for p in root.parent.glob(f'.{root.name}-*-build'):
+        try: pid = int(p.name[len(root.name) + 2:].split('-')[0])
+        except ValueError: continue
+        try: os.kill(pid, 0); continue                     # still running (here): its build may finish
+        except ProcessLookupError: pass
+        except PermissionError: continue                   # alive, another user's
+        shutil.rmtree(p, ignore_errors=True)
+
 def build_folder_once(root,            # the folder to create, e.g. <cache>/digits
                       write:Callable   # write(tmp) fills an empty folder and returns its metadata (a JSON-able dict)
                      ) -> Path:
-    "Create `root` once, atomically, even with several processes at it: written in a temporary sibling, then renamed."
+    "Create `root` once, atomically, even with several processes at it; on later calls, check it against its record."
     root = Path(root)
-    if (root / FOLDER_MARKER).exists(): return root
+    if (root / FOLDER_MARKER).exists():
+        try: record = json.loads((root / FOLDER_MARKER).read_text())
+        except (OSError, ValueError) as e: raise ValueError(f"{root}: its record {FOLDER_MARKER} cannot be read ({e}): delete the folder and it is built again") from None
+        diff = _differences(record, folder_files(root))
+        if diff:
+            raise ValueError(f"{root} was changed after it was built ({'; '.join(diff[:3])}{'; ...' if len(diff) > 3 else ''}): "
+                             f"delete the folder and it is built again")
+        return root
     if root.exists(): raise ValueError(f"{root} exists but is incomplete (no {FOLDER_MARKER}): delete it and call again")
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-', dir=root.parent))  # a sibling: same file system, atomic rename
+    _remove_stale_builds(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-{os.getpid()}-', suffix='-build', dir=root.parent))  # a sibling: atomic rename
     try:
-        (tmp / FOLDER_MARKER).write_text(json.dumps(write(tmp)))
+        meta = write(tmp)
+        (tmp / FOLDER_MARKER).write_text(json.dumps(dict(meta, files=folder_files(tmp))))
         try: os.rename(tmp, root)  # atomic; fails if another process renamed its copy first
         except OSError:
             if not (root / FOLDER_MARKER).exists(): raise
@@ -484,7 +526,7 @@ def cluttered_sample(digits:np.ndarray,      # (n, 8, 8) digit images in [0, 1]
     return np.rint(out * 255).astype(np.uint8)
 
 # %% ../nbs/11_data.ipynb #92d5d1d3
-def _write_cluttered_digits(folder:Path, canvas:int=64, copies=(2, 2), val_frac:float=0.2, seed:int=0) -> dict:
+def _write_cluttered_digits(folder:Path, canvas:int=64, copies=(8, 4), val_frac:float=0.2, seed:int=0) -> dict:
     "Write the cluttered digits into `folder` as train/val class folders of PNGs, split by source image; the metadata."
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -503,16 +545,45 @@ def _write_cluttered_digits(folder:Path, canvas:int=64, copies=(2, 2), val_frac:
     return dict(source='sklearn.datasets.load_digits', canvas=canvas, copies=list(copies), val_frac=val_frac, seed=seed,
                 counts=counts, classes=[str(c) for c in range(10)])
 
-CLUTTERED_VERSION = 2  # bump when the recipe above changes: the folder name carries it
+CLUTTERED_VERSION = 3  # bump when the recipe above changes: the folder name carries it
 
 def cluttered_digits_folder(cache_dir=None) -> Path:  # None: `default_cache_dir()`
     "The cluttered digits as an ImageNet-layout folder `<cache_dir>/cluttered_digits_v<N>`, written once; safe from several processes."
     root = Path(cache_dir or default_cache_dir()) / f'cluttered_digits_v{CLUTTERED_VERSION}'
     return build_folder_once(root, lambda tmp: _write_cluttered_digits(tmp))
 
-CLUTTERED_RECIPE = dict(DIGITS_RECIPE, epochs=20, lr=4e-3, warmup_epochs=2.)  # the same shrunk T2T-ViT-7 at 64 px, gentler
+def _link_or_copy(src:Path, dst:Path):
+    "A hard link to `src` at `dst` (same file system), else a copy."
+    try: os.link(src, dst)
+    except OSError: shutil.copy2(src, dst)
+
+def _write_cluttered_tune(folder:Path, source:Path, val_frac:float=0.2, seed:int=0) -> dict:
+    "The training split of `source` split again by source digit (stratified): `train/` and a held-out `val/`."
+    from sklearn.model_selection import train_test_split
+    by_digit = {}                                                  # source digit -> (class, [files])
+    for c in sorted(p.name for p in (source / 'train').iterdir() if p.is_dir()):
+        for f in sorted((source / 'train' / c).iterdir()): by_digit.setdefault(f.name.split('_')[0], (c, []))[1].append(f)
+    ids = sorted(by_digit)
+    fit, held = train_test_split(ids, test_size=val_frac, stratify=[by_digit[i][0] for i in ids], random_state=seed)
+    counts = {}
+    for split, chosen in (('train', fit), ('val', held)):
+        for i in chosen:
+            c, files = by_digit[i]
+            (folder / split / c).mkdir(parents=True, exist_ok=True)
+            for f in files: _link_or_copy(f, folder / split / c / f.name)
+        counts[split] = sum(len(by_digit[i][1]) for i in chosen)
+    return dict(source=str(source), val_frac=val_frac, seed=seed, counts=counts, classes=sorted({c for c, _ in by_digit.values()}))
+
+def cluttered_tune_folder(cache_dir=None) -> Path:  # None: `default_cache_dir()`
+    "The cluttered digits' training split divided again by source digit, for tuning without val: `<cache_dir>/cluttered_digits_tune_v<N>`."
+    source = cluttered_digits_folder(cache_dir)
+    return build_folder_once(source.parent / f'cluttered_digits_tune_v{CLUTTERED_VERSION}', lambda tmp: _write_cluttered_tune(tmp, source))
+
+CLUTTERED_RECIPE = dict(DIGITS_RECIPE, epochs=10, lr=4e-3, warmup_epochs=1.)  # the same shrunk T2T-ViT-7 at 64 px, gentler
 CLUTTERED_DIGITS = register_dataset('cluttered_digits', cluttered_digits_folder, CLUTTERED_RECIPE,
                                     "cluttered digits: scikit-learn's digits at random places among fragments of others (64 x 64 px)")
+CLUTTERED_TUNE = register_dataset('cluttered_digits_tune', cluttered_tune_folder, CLUTTERED_RECIPE,
+                                  "the cluttered digits' training split, divided again by source digit: a held-out val/ for tuning")
 
 # %% ../nbs/11_data.ipynb #efa16c99
 def _read_meta_mat(source) -> dict:
@@ -570,6 +641,8 @@ def read_val_labels(labels,      # ground_truth.txt, LOC_val_solution.csv, a "fi
 # %% ../nbs/11_data.ipynb #7080df02
 def _check_name(name:str, what:str):
     if not name or name in ('.', '..') or '/' in name or '\\' in name: raise ValueError(f"unsafe {what} {name!r} in the labels")
+    if what == 'class name' and name.startswith('.'):  # a hidden folder: the dataset's scan would never see it
+        raise ValueError(f"class name {name!r} in the labels starts with '.': its folder would be hidden, and skipped by the dataset")
 
 def prepare_imagenet_val(val_dir,               # the flat folder of ILSVRC2012_val_*.JPEG files
                          labels,                # label file (see `read_val_labels`)

@@ -1,4 +1,4 @@
-"""Deployment (chapter 23): `torch.export` and ONNX with a dynamic batch, height and width, checked against onnxruntime
+"""Deployment (chapter 24): `torch.export` and ONNX with a dynamic batch, height and width, checked against onnxruntime
 at three sizes (a non-square one among them) on small models of each kind of tokenizer; and `t2t_predict` on the
 sample photo with an official-format checkpoint and with one of ours, and on every kind of bad input (one line,
 exit status 2, never a traceback)."""
