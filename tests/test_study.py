@@ -1,19 +1,21 @@
-"""The experiments (chapters 11, 20): the main job on a real token grid, the cluttered digits, and the study runner
-and command (t2t_study): results.csv, resume, the claims' verdicts, bad arguments."""
-import csv, json, subprocess, sys
+"""The experiments (chapters 11, 20): the main job on a real token grid, the cluttered digits and their tuning split,
+the claims grid's families and ablations, the statistics of the verdicts (t-intervals, matched MACs and parameters
+read off family curves, never extrapolated), and the study command (t2t_study): results.csv, resume, reproducing a
+row from its recorded arguments, the ImageNet plan, bad arguments."""
+import csv, json, shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from test_train import PY, REPO, call, run
+from test_train import call, run
 from t2t_course.cli import main
 from t2t_course.config import TrainConfig
-from t2t_course.data import ImageFolderDataset, cluttered_digits_folder
+from t2t_course.data import ImageFolderDataset, cluttered_digits_folder, cluttered_tune_folder
 from t2t_course.models import create_model
-from t2t_course.study import (GRIDS, budget_table, claim_table, grid_models, read_results, run_study, study_main,
-                              summarize)
+from t2t_course.study import (CLAIMS, GRIDS, FAMILY_LR, budget_table, claim_table, family_table, interpolate, family_curve,
+                              read_results, seeds_to_settle, study_main, summarize, t_interval, verdict)
 
 
 def test_main_job_runs_on_a_real_grid():
@@ -26,11 +28,13 @@ def test_main_job_runs_on_a_real_grid():
 
 
 def test_cluttered_digits_split_by_source_and_trainable(tmp_path):
-    root = cluttered_digits_folder()
+    root, tune = cluttered_digits_folder(), cluttered_tune_folder()
     train, val = ImageFolderDataset(root / 'train'), ImageFolderDataset(root / 'val')
     src = lambda ds: {Path(p).name.split('_')[0] for p, _ in ds.samples}
-    assert (len(train), len(val)) == (2874, 720) and not src(train) & src(val)
+    assert (len(train), len(val)) == (11496, 1440) and not src(train) & src(val)
     assert json.loads((root / '.complete.json').read_text())['canvas'] == 64
+    fit, held = ImageFolderDataset(tune / 'train'), ImageFolderDataset(tune / 'val')
+    assert src(fit) | src(held) == src(train) and not src(fit) & src(held) and not src(held) & src(val)  # val is never used
     code, out, err = call(main, ['--data', 'cluttered_digits', '--epochs', '1', '--model-kwargs', 'embed_dim=32', 'depth=1',
                                  'num_heads=2', 'mlp_ratio=2.0', 'token_dim=16', '--no-progress', '--output', str(tmp_path / 'run')])
     assert code == 0, err
@@ -38,41 +42,94 @@ def test_cluttered_digits_split_by_source_and_trainable(tmp_path):
     assert ck['config']['data'] == 'cluttered_digits' and ck['config']['img_size'] == 64 and len(ck['classes']) == 10
 
 
-def test_the_claims_grid_matches_parameters():
-    rows = budget_table('claims')
-    params = [r['params'] for r in rows]
-    assert {r['label'] for r in rows} == {'t2t', 't2t_t', 'hard', 'vit', 'wide'} and max(params) / min(params) < 1.1
-    assert all(len(GRIDS[g]['models']) >= 4 for g in GRIDS)
+def test_the_claims_grid_has_families_whose_ranges_overlap():
+    rows = {r['label']: r for r in budget_table('claims')}
+    models = {sm.label: sm for sm in GRIDS['claims']['models']}
+    fams = {f: [l for l, sm in models.items() if sm.family == f] for f in ('T2T-ViT', 'ViT', 'ResNet')}
+    assert all(len(v) >= 3 for v in fams.values()) and {'hard', 'wide', 't2t_t'} <= set(rows)
+    ref = rows['t2t_64']
+    for f in ('ViT', 'ResNet'):   # the reference size of the ablations lies inside both other families' ranges
+        for by in ('macs', 'params'):
+            xs = [rows[l][by] for l in fams[f]]
+            assert min(xs) < ref[by] < max(xs), (f, by)
+    for label, tol in (('wide', .1), ('hard', .15), ('t2t_t', .01)):   # the ablations at matched parameters
+        assert abs(rows[label]['params'] / ref['params'] - 1) < tol
+    assert abs(rows['wide']['macs'] / ref['macs'] - 1) < .1
+    assert all(sm.train_args[:2] == ('--lr', f"{FAMILY_LR[sm.family or 'T2T-ViT']:g}") for sm in models.values())
+    assert GRIDS['claims']['seeds'] == (0, 1, 2, 3, 4) and GRIDS['tune']['data'] == 'cluttered_digits_tune'
+    assert GRIDS['tune']['epochs'] == GRIDS['claims']['epochs']
+
+
+def _rows(label, accs, family='', macs=1, params=1):
+    return [dict(model=label, family=family, seed=s, val_acc1=a, ema_val_acc1=a, params=params, macs=macs, train_s=10.)
+            for s, a in enumerate(accs)]
+
+
+def test_t_interval_and_the_one_rule():
+    mean, lo, hi = t_interval([1., 2., 3., 4., 5.])
+    assert mean == 3 and hi - mean == pytest.approx(2.776445 * np.std([1, 2, 3, 4, 5], ddof=1) / 5 ** .5, rel=1e-5)
+    assert (verdict(0.5, 2.), verdict(-2., -0.5), verdict(-1., 1.)) == ('holds', 'reversed', 'not settled at this scale')
+    assert verdict(-0.8, 0.5, margin=-1.) == 'holds'                        # a non-inferiority claim: above -1 point
+    assert seeds_to_settle([1., -1., 2., 0., 1.]) > 5 and seeds_to_settle([0., 0.1, -0.1, 0., 0.]) is None
+
+
+def test_family_curves_interpolate_in_log_cost_and_never_extrapolate():
+    r = _rows('s', [10, 20], 'F', macs=1e6) + _rows('l', [30, 40], 'F', macs=1e8)
+    c = family_curve(r, 'F')
+    assert interpolate(c, 1e7, 0) == pytest.approx(20) and interpolate(c, 1e7, 1) == pytest.approx(30)   # halfway in log
+    assert interpolate(c, 1e9, 0) is None and interpolate(c, 1e5, 0) is None
 
 
 def test_claim_verdicts_on_made_up_results():
-    def rows(label, accs): return [dict(model=label, seed=s, val_acc1=a, ema_val_acc1=a, params=1, macs=1, train_s=10.)
-                                   for s, a in enumerate(accs)]
-    r = rows('t2t', [80, 81, 82]) + rows('hard', [70, 71, 72]) + rows('vit', [80, 82, 81]) + rows('wide', [90, 91, 92]) + rows('t2t_t', [81, 80, 82])
-    v = {c['claim']: c['verdict'] for c in claim_table(r)}
-    assert v == {'a': 'holds', 'b': 'within the spread', 'c': 'reversed', 'd': 'holds (same accuracy within the spread)'}
+    r = (_rows('t2t_64', [80, 81, 82, 80, 81], 'T2T-ViT', 6e6, 2e5) + _rows('t2t_48', [75, 76, 77, 75, 76], 'T2T-ViT', 5e6, 1e5)
+         + _rows('t2t_96', [85, 86, 85, 86, 85], 'T2T-ViT', 1e7, 5e5)
+         + _rows('hard', [70, 71, 72, 70, 71]) + _rows('wide', [90, 91, 92, 90, 91]) + _rows('t2t_t', [80, 80, 81, 80, 80])
+         + _rows('vit_48', [60, 61, 62, 60, 61], 'ViT', 2e6, 1e5) + _rows('vit_96', [70, 71, 72, 70, 71], 'ViT', 9e6, 5e5))
+    v = {(c['claim'], c['comparison']): c for c in claim_table(r)}
+    assert v['a', 'same seed']['verdict'] == 'holds' and v['c', 'same seed']['verdict'] == 'reversed'
+    assert v['d', 'same seed']['verdict'] == 'holds' and v['d', 'same seed']['diff'] == pytest.approx(0.6)
+    assert v['b', 'matched MACs']['at'] == 't2t_64' and v['b', 'matched MACs']['verdict'] == 'holds'
+    assert v['b', 'matched params']['verdict'] == 'holds'
+    assert not any(k[0] in 'ef' for k in v)          # no ResNet in these results: those claims are left out
+    at = {row['at'] for row in family_table(r) if row['comparison'] == 'matched MACs'}
+    assert at == {'t2t_48', 't2t_64'}                # t2t_96 (10M MACs) lies outside ViT's range (2M-9M): not extrapolated
     s = {x['model']: x for x in summarize(r)}
-    assert s['t2t']['acc_mean'] == 81 and s['t2t']['acc_std'] == pytest.approx(1.0)
+    assert s['t2t_64']['acc_mean'] == 80.8 and s['t2t_64']['family'] == 'T2T-ViT'
 
 
-def test_t2t_study_quick_writes_results_and_resumes(tmp_path):
+def test_t2t_study_quick_writes_results_resumes_and_reproduces(tmp_path):
     out = tmp_path / 'study'
     p = run(['-m', 't2t_course.study', '--quick', '--output', str(out), '--no-progress'], timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = list(csv.DictReader(open(out / 'results.csv')))
-    assert len({r['model'] for r in rows}) >= 4
-    assert {'model', 'seed', 'val_acc1', 'params', 'macs', 'train_s'} <= set(rows[0])
-    assert (out / 'summary.png').read_bytes()[:4] == b'\x89PNG' and (out / 'curves.png').is_file()
-    assert '(a) t2t vs hard' in p.stdout
+    rows = read_results(out / 'results.csv')
+    assert len(rows) == 10 and {r['seed'] for r in rows} == {0, 1}
+    assert {'model', 'family', 'seed', 'val_acc1', 'params', 'macs', 'train_s', 'torch', 'threads', 'args', 'run', 'curve'} <= set(rows[0])
+    assert all((out / r['run'] / 'metrics.csv').is_file() and not Path(r['run']).is_absolute() for r in rows)
+    assert (out / 'families.png').read_bytes()[:4] == b'\x89PNG' and (out / 'curves.png').is_file()
+    assert '(a) t2t_64 vs hard' in p.stdout and '95% interval' in p.stdout
+    row = next(r for r in rows if r['model'] == 'vit_48' and r['seed'] == 1)   # one row, re-run from its recorded arguments
+    code, _, err = call(main, shlex.split(row['args']) + ['--output', str(tmp_path / 'again'), '--no-progress'])
+    assert code == 0, err
+    again = list(csv.DictReader(open(tmp_path / 'again' / 'metrics.csv')))[-1]
+    assert float(again['val_acc1']) == pytest.approx(row['val_acc1'], abs=1e-6)
     p = run(['-m', 't2t_course.study', '--quick', '--output', str(out), '--resume', '--no-progress'], timeout=300)
     assert p.returncode == 0 and len(read_results(out / 'results.csv')) == len(rows), p.stderr[-2000:]
     p = run(['-m', 't2t_course.study', '--quick', '--output', str(out), '--no-progress'], timeout=300)
     assert p.returncode == 2 and 'already holds a study' in p.stderr and 'Traceback' not in p.stderr
 
 
+def test_t2t_study_plans_the_imagenet_grid():
+    code, out, err = call(study_main, ['--grid', 'imagenet', '--plan'])
+    assert code == 0, err
+    assert 'vit_s_16' in out and 'GPU-hours' in out and 'resnet_34' in out and 't2t_vit_14' in out
+
+
 @pytest.mark.parametrize('argv, message', [(['--models', 'nope'], '--models must be labels of the claims grid'),
                                            (['--data', '/no/such/folder'], 'neither a built-in dataset nor a folder'),
-                                           (['--jobs', '0'], '--jobs must be positive')])
+                                           (['--jobs', '0'], '--jobs must be positive'),
+                                           (['--seeds', '0', '0'], '--seeds must be distinct'),
+                                           (['--quick', '--output', '/tmp/never', '--train-args', '--seed', '3'],
+                                            'the study sets --seed itself')])
 def test_t2t_study_bad_arguments(argv, message):
     code, _, err = call(study_main, argv)
     assert code == 2 and message in err, err
