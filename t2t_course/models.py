@@ -403,9 +403,8 @@ def _why_unreadable(e:Exception) -> str:
     blocked = re.search(r'unsupported GLOBAL ([\w.]+) whose module', msg)
     if blocked or ('Weights only load failed' in msg and re.search(r'(?i)\bglobal\b', msg)):  # code or objects in the pickle
         name = f" ({blocked.group(1)})" if blocked else ''
-        return (f"it holds pickled code or objects{name} that are refused (it is read with torch.load(weights_only=True), "
-                f"which runs no pickled code and loads only tensors and plain data); do not load it with weights_only=False "
-                f"unless you trust where it came from")
+        return (f"it holds pickled code or objects{name} that are refused: it is read with torch.load(weights_only=True), "
+                f"which loads only tensors and plain data and runs nothing in the file")
     why = re.search(r'WeightsUnpickler error:\s*([^\n]+)', msg)  # the reason may start on the next line
     first = (why.group(1) if why else (msg.strip().splitlines() or [''])[0]).split('. ')[0][:120]  # its first sentence
     return (f"not a PyTorch checkpoint, or a truncated or damaged one ({type(e).__name__}{': ' + first if first else ''}); "
