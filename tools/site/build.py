@@ -443,6 +443,9 @@ def main(argv=None):
         if (html_out / '_sources' / f'{s}.ipynb').exists():  # the theme's download button
             shutil.copyfile(NBS / f'{s}.ipynb', html_out / '_sources' / f'{s}.ipynb')
     (html_out / '.nojekyll').touch()  # GitHub Pages: serve _static/ and _images/ as they are
+    for folder, suffix in ((html_out, '.html'), (html_out / 'notebooks', '.ipynb'), (html_out / '_sources', '.ipynb')):
+        for p in folder.glob(f'*{suffix}'):  # pages of chapters renamed or removed since an earlier build: Sphinx keeps them
+            if _re_chapter_file.match(p.stem + '.ipynb') and p.stem not in stems: p.unlink()
     tmp = out.with_name(out.name + '.tmp')
     if tmp.exists(): shutil.rmtree(tmp)
     shutil.copytree(html_out, tmp, ignore=shutil.ignore_patterns('.buildinfo', '.doctrees'))
