@@ -7,7 +7,7 @@ __all__ = ['METRIC_COLUMNS', 'topk_correct', 'close_loader', 'batches', 'evaluat
            'evaluate_checkpoint']
 
 # %% ../nbs/16_evaluate.ipynb #56a9b680
-import csv, io
+import csv, io, os
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +112,8 @@ def plot_history(history:list,     # rows of metrics.csv, as dicts
 def _eval_folder(data) -> Path:
     "The split folder to evaluate on: `data/val` for an ImageNet-layout folder, else `data` itself (a folder of classes)."
     root = data_root(data)
+    try: root.is_dir()
+    except OSError as e: raise SetupError(f"data folder {root}: {os.strerror(e.errno).lower()}") from None  # a name too long
     if not root.is_dir(): raise SetupError(f"data folder {root} does not exist")
     if (root / 'val').is_dir(): return root / 'val'
     if (root / 'train').is_dir(): raise SetupError(f"data folder {root} has no val/ folder: t2t_eval evaluates on "

@@ -551,6 +551,9 @@ def study_main(argv=None) -> int:
     if not 0 < a.mfu <= 1 or a.peak_tflops <= 0: p.error("--mfu must be in (0, 1] and --peak-tflops positive")
     labels = [sm.label for sm in grid_models(grid)]
     if a.models and not set(a.models) <= set(labels): p.error(f"--models must be labels of the {grid} grid: {', '.join(labels)}")
+    if a.data is not None and not is_builtin(a.data):
+        try: (Path(a.data) / 'train').is_dir()
+        except OSError as e: p.error(f"--data {a.data}: {os.strerror(e.errno).lower()}")  # a name too long
     if a.data is not None and not is_builtin(a.data) and not (Path(a.data) / 'train').is_dir():
         p.error(f"--data {a.data} is neither a built-in dataset nor a folder with train/ and val/")
     if a.plan: print_plan(grid, a.seeds, a.epochs, a.peak_tflops, a.mfu); return 0

@@ -237,7 +237,8 @@ LONG = 'x' * 300  # one path component over the 255 bytes file systems allow
 
 
 @pytest.mark.parametrize('command', ['t2t_train --output', 't2t_train --data', 't2t_train --resume', 't2t_eval',
-                                     't2t_predict image', 't2t_study --output', 't2t_train --output under a file'])
+                                     't2t_eval --data', 't2t_predict image', 't2t_study --output', 't2t_study --data',
+                                     't2t_train --output under a file'])
 def test_paths_the_os_refuses(command, tmp_path, trained):
     "A name too long, or a folder under a regular file: one line naming the path and the reason, exit 2, no traceback."
     from test_train import call
@@ -250,8 +251,10 @@ def test_paths_the_os_refuses(command, tmp_path, trained):
         't2t_train --data': (main, ['--data', long]),
         't2t_train --resume': (main, ['--resume', long + '.pth']),
         't2t_eval': (eval_main, [long + '.pth']),
+        't2t_eval --data': (eval_main, [str(trained), '--data', long]),
         't2t_predict image': (predict_main, [long + '.png', '--checkpoint', str(trained), '--device', 'cpu']),
         't2t_study --output': (study_main, ['--quick', '--output', long]),
+        't2t_study --data': (study_main, ['--quick', '--data', long, '--output', str(tmp_path / 'study')]),
         't2t_train --output under a file': (main, ['--epochs', '1', '--output', str(tmp_path / 'afile' / 'run')]),
     }[command]
     code, out, err = call(fn, argv)
