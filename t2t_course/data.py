@@ -171,11 +171,12 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, i):
         path, target = self.samples[i]
-        try: img = self.loader(path)
+        try:
+            img = self.loader(path)
+            if self.transform is not None: img = self.transform(img)  # a transform that reads the file may find it bad too
         except BadImageError as e:
             if self.skip_bad_images: return BadSample(str(path), str(e))
             raise
-        if self.transform is not None: img = self.transform(img)
         return img, target
 
     def __repr__(self):

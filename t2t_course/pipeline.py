@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['DCT_SCALES', 'RA_OPS', 'PIPELINES', 'make_photo', 'write_jpegs', 'rrc_box', 'dct_scale', 'open_drafted', 'DraftCrop',
            'resize_size', 'DraftResize', 'ra_draw', 'FastRandAugment', 'DraftTail', 'Normalize', 'EncodedImage',
-           'read_encoded', 'collate_encoded', 'decode_images', 'erase_size', 'erase_box', 'box_mask',
-           'rand_augment_batch', 'DeviceTrainAugment', 'DeviceEvalTransform', 'DeviceLoader', 'pil_vertical_first',
-           'resize_uint8', 'jpeg_header', 'FastCrop', 'shear_bicubic', 'sharpness_rgb', 'LeanRandAugment',
-           'erase_params', 'FastTail', 'Uint8Batch', 'collate_uint8', 'BatchTail', 'TailLoader', 'Pipeline',
-           'create_pipeline']
+           'read_encoded', 'jpeg_header', 'encoded_size', 'EncodedBatch', 'collate_encoded', 'decode_images',
+           'erase_size', 'erase_box', 'box_mask', 'rand_augment_batch', 'SampleDraws', 'DeviceTrainAugment',
+           'DeviceEvalTransform', 'DeviceLoader', 'pil_vertical_first', 'resize_uint8', 'FastCrop', 'shear_bicubic',
+           'sharpness_rgb', 'LeanRandAugment', 'erase_params', 'FastTail', 'Uint8Batch', 'collate_uint8', 'BatchTail',
+           'TailLoader', 'Pipeline', 'create_pipeline']
 
 # %% ../nbs/12_pipeline.ipynb #p0000004
-import functools, io, math, os, warnings
+import contextlib, functools, io, math, os, queue, threading, warnings, weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -27,6 +27,10 @@ from PIL import Image
 from .core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, to_2tuple
 from .data import (BadImageError, BadSample, Batch, DATA_PRESETS, ImageFolderDataset, collate_skip_bad,
                              create_datasets, create_eval_transform, create_train_transform, load_rgb, mean_fill, to_rgb)
+
+# torchvision 0.29 deprecates its decoders in favour of TorchCodec, with a warning at every call: that one message is
+# ignored, process-wide (`warnings.catch_warnings` is not thread-safe, and the gpu pipeline decodes in a thread)
+warnings.filterwarnings('ignore', message='The image decoding and encoding capabilities of TorchVision', category=DeprecationWarning)
 
 # %% ../nbs/12_pipeline.ipynb #p0000007
 def make_photo(height:int=375, width:int=500,   # ImageNet's typical size
@@ -250,33 +254,74 @@ def read_encoded(path) -> EncodedImage:
     if not data: raise BadImageError(f"cannot decode image file {path}: the file is empty")
     return EncodedImage(str(path), torch.frombuffer(bytearray(data), dtype=torch.uint8))
 
+_SOF_OTHER = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # lossless, hierarchical, arithmetic coding
+
+def jpeg_header(data:bytes):
+    "`(height, width, components)` from an 8-bit baseline or progressive JPEG's frame header (SOF0-2), or None: PIL's to judge."
+    if data[:3] != b'\xff\xd8\xff': return None
+    i, n = 2, len(data)
+    while i + 10 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF: i += 1; continue                                       # a fill byte
+        if marker in (0xC0, 0xC1, 0xC2):                                          # SOF: precision, height, width, components
+            h, w = int.from_bytes(data[i + 5:i + 7], 'big'), int.from_bytes(data[i + 7:i + 9], 'big')
+            return (h, w, data[i + 9]) if data[i + 4] == 8 and h > 0 and w > 0 else None
+        if marker in _SOF_OTHER or marker in (0xD9, 0xDA): return None             # another coding, or no frame header
+        i += 2 if 0xD0 <= marker <= 0xD8 or marker == 0x01 else 2 + int.from_bytes(data[i + 2:i + 4], 'big')
+    return None
+
+def encoded_size(e:EncodedImage) -> tuple:
+    "`(height, width)` of an encoded image from its header (a JPEG's frame header, else PIL's), nothing decoded."
+    data = memoryview(e.data.numpy())                                          # the bytes, not copied
+    if (head := jpeg_header(data)) is not None: return head[:2]
+    fp = io.BytesIO(data)
+    try:
+        with Image.open(fp) as im: return im.size[::-1]                       # PIL reads the header only
+    except Exception as err:  # PIL names the file object: name the file
+        raise BadImageError(f"cannot decode image file {e.path}: {type(err).__name__}: {str(err).replace(repr(fp), repr(e.path))}") from err
+
+class EncodedBatch(NamedTuple):
+    "A batch of files as the gpu pipeline's loader ships it: every file's bytes in one buffer (one shared-memory block per batch)."
+    data: torch.Tensor     # (N,) uint8: the files, one after another
+    offsets: torch.Tensor  # (B + 1,) int64: file i is data[offsets[i]:offsets[i + 1]]
+    paths: list            # B file names
+    draws: list            # B `SampleDraws` made in the workers, or None (the evaluation split draws nothing)
+    def __len__(self): return len(self.paths)
+    def images(self) -> list:
+        "The files as `EncodedImage`s whose bytes are views of the one buffer."
+        o = self.offsets.tolist()
+        return [EncodedImage(p, self.data[o[i]:o[i + 1]]) for i, p in enumerate(self.paths)]
+
 def collate_encoded(batch:list) -> Batch:
-    "Collate `(EncodedImage, target)` samples: the images stay a list (their sizes differ); `BadSample`s go to `skipped`."
+    "Collate `(EncodedImage, target)` or `((EncodedImage, SampleDraws), target)` samples into `Batch(EncodedBatch, targets, skipped)`."
     good = [s for s in batch if not isinstance(s, BadSample)]
     skipped = [(s.path, s.error) for s in batch if isinstance(s, BadSample)]
     if not good: return Batch(None, None, skipped)
-    return Batch([s[0] for s in good], torch.tensor([s[1] for s in good]), skipped)
+    drawn = isinstance(good[0][0], tuple) and not isinstance(good[0][0], EncodedImage)
+    files, draws = ([s[0][0] for s in good], [s[0][1] for s in good]) if drawn else ([s[0] for s in good], None)
+    sizes = torch.tensor([0] + [len(f.data) for f in files])
+    return Batch(EncodedBatch(torch.cat([f.data for f in files]), sizes.cumsum(0), [f.path for f in files], draws),
+                 torch.tensor([s[1] for s in good]), skipped)
 
 def _whole_jpeg(data:torch.Tensor) -> bool:
     "Starts with JPEG's SOI marker and has its EOI marker in the last 32 bytes (a cut-off file goes to PIL, which names it)."
     head, tail = data[:3].tolist(), data[-32:].tolist()
     return head == [0xFF, 0xD8, 0xFF] and any(a == 0xFF and b == 0xD9 for a, b in zip(tail, tail[1:]))
 
-def decode_images(encoded:list,                  # EncodedImages
+def decode_images(encoded,                       # EncodedImages, or an EncodedBatch
                   device,                        # where the images go (nvJPEG decodes on CUDA)
                   skip_bad_images:bool=False) -> tuple:  # (images, kept indices, skipped, fallbacks)
     "Decode files on `device`: the JPEGs in one `decode_jpeg` call, everything else (and any it refuses) with `load_rgb` on the CPU."
     from torchvision.io import ImageReadMode, decode_jpeg
+    if isinstance(encoded, EncodedBatch): encoded = encoded.images()
     device, out = torch.device(device), [None] * len(encoded)
     jpeg = [i for i, e in enumerate(encoded) if _whole_jpeg(e.data)]
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # torchvision 0.29 deprecates its decoders in favour of TorchCodec
-        try: decoded = decode_jpeg([encoded[i].data for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []
-        except RuntimeError: decoded = None  # one file failed the whole call: one by one
-        for n, i in enumerate(jpeg):
-            if decoded is not None: out[i] = decoded[n]; continue
-            try: out[i] = decode_jpeg(encoded[i].data, mode=ImageReadMode.RGB, device=device)
-            except RuntimeError: pass
+    try: decoded = decode_jpeg([encoded[i].data for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []
+    except RuntimeError: decoded = None  # one file failed the whole call: one by one
+    for n, i in enumerate(jpeg):
+        if decoded is not None: out[i] = decoded[n]; continue
+        try: out[i] = decode_jpeg(encoded[i].data, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError: pass
     skipped, fallbacks, keep = [], 0, []
     for i, e in enumerate(encoded):
         if out[i] is None:  # not a JPEG, or refused: the robust path of chapter 11
@@ -330,6 +375,15 @@ def rand_augment_batch(x:torch.Tensor,             # (B, 3, H, W) uint8
     return x
 
 # %% ../nbs/12_pipeline.ipynb #p0000049
+class SampleDraws(NamedTuple):
+    "One training sample's draws for the gpu pipeline, made in the loader worker from the sample's own seed."
+    size: tuple        # (H, W) of the full image, read from its header
+    box: tuple         # (top, left, h, w): the crop, in that image
+    flip: bool
+    ops: tuple         # ((op index, signed magnitude), ...): RandAugment's, in order
+    erase: tuple       # (top, left, h, w) of the erased box in the output, or None
+    noise_seed: int    # where the erased box's noise comes from
+
 class DeviceTrainAugment:
     "The recipe on decoded uint8 images, on their device: per-sample boxes, flips, RandAugment ops and erasing drawn as torchvision draws them, applied in batches."
     def __init__(self, img_size=224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip:float=0.5, interpolation:str='bicubic',
@@ -339,71 +393,193 @@ class DeviceTrainAugment:
         self.ra = (ra_num_ops, ra_magnitude, ra_num_bins) if rand_augment else None
         self.re_prob, self.re_mode, self.mean, self.std, self.fill = re_prob, re_mode, list(mean), list(std), mean_fill(mean)
 
-    def __call__(self, images:list) -> torch.Tensor:  # [(3, h, w) uint8] on one device -> (B, 3, H, W) float32
-        crops = []
-        for img in images:  # every box has its own size: one resize per image
-            interp = _rrc_interp(self.interpolation)
-            top, left, h, w = rrc_box(img.shape[-2], img.shape[-1], self.scale, self.ratio)
-            crops.append(TF.resized_crop(img, top, left, h, w, list(self.size), interp, antialias=True))
-        x = torch.stack(crops)                                                    # (B, 3, H, W) uint8
-        if self.hflip > 0:
-            flip = torch.tensor([bool(torch.rand(1) < self.hflip) for _ in range(len(x))], device=x.device)
-            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        if self.ra is not None: x = rand_augment_batch(x, *self.ra, fill=self.fill)
+    def draw(self, height:int, width:int) -> SampleDraws:
+        "One sample's draws from torch's CPU generator, in the recipe's order: box, flip, RandAugment's ops, erasing."
+        box = rrc_box(height, width, self.scale, self.ratio)
+        flip = self.hflip > 0 and bool(torch.rand(1) < self.hflip)
+        ops = tuple(ra_draw(self.ra[2], self.ra[1], *self.size) for _ in range(self.ra[0])) if self.ra else ()
+        erase = erase_box(*self.size) if self.re_prob > 0 and torch.rand(1) < self.re_prob else None
+        return SampleDraws((height, width), box, flip, ops, erase, int(torch.randint(2 ** 62, ())) if erase else 0)
+
+    def draw_sample(self, e:EncodedImage) -> tuple:
+        "The training split's transform in the workers: `(e, its draws)`, the size from the file's header."
+        return e, self.draw(*encoded_size(e))
+
+    def __call__(self, images:list, draws:list=None) -> torch.Tensor:  # [(3, h, w) uint8] on one device -> (B, 3, H, W) float32
+        "The batch; without `draws`, drawn here (in this process, in the order of the images)."
+        draws = draws if draws is not None else [self.draw(*img.shape[-2:]) for img in images]
+        B, dev, interp = len(images), images[0].device, _rrc_interp(self.interpolation)
+        # everything the device needs from the draws, in one tensor and one copy: flips, erase rows and boxes, the RandAugment groups
+        groups = [self._groups(draws, r) for r in range(len(draws[0].ops))]
+        erased = [i for i, d in enumerate(draws) if d.erase is not None]
+        host = torch.tensor([d.flip for d in draws] + erased + [v for i in erased for v in draws[i].erase]
+                            + [i for g in groups for idx in g.values() for i in idx], dtype=torch.int64)
+        packed = (host.pin_memory() if dev.type == 'cuda' else host).to(dev, non_blocking=True)
+        flip, rows, boxes = packed[:B].bool(), packed[B:B + len(erased)], packed[B + len(erased):B + 5 * len(erased)].view(-1, 4)
+        x = torch.empty(B, 3, *self.size, dtype=torch.uint8, device=dev)
+        for i, (img, d) in enumerate(zip(images, draws)):  # every box has its own size: one resize per image
+            top, left, h, w = _box_on(d.box, d.size, img.shape[-2:])
+            x[i] = TF.resized_crop(img, top, left, h, w, list(self.size), interp, antialias=True)
+        if any(d.flip for d in draws): x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        start = B + 5 * len(erased)
+        for g in groups:                                                           # one kernel per op and magnitude
+            x = x.clone()
+            for (k, m), idx in g.items():
+                sel, start = packed[start:start + len(idx)], start + len(idx)
+                if k: x[sel] = RA_OPS[k][3](x[sel], m, v2.InterpolationMode.BILINEAR, self.fill)
         x = TF.normalize(TF.to_dtype(x, torch.float32, scale=True), self.mean, self.std)  # (B, 3, H, W)
-        return self.erase(x) if self.re_prob > 0 else x
+        return self._erase(x, rows, boxes, [draws[i].noise_seed for i in erased]) if erased else x
+
+    @staticmethod
+    def _groups(draws:list, r:int) -> dict:  # (op, magnitude) -> the samples that drew it in round r, in order
+        groups = {}
+        for i, d in enumerate(draws): groups.setdefault(d.ops[r], []).append(i)
+        return groups
+
+    def _erase(self, x, rows, boxes, seeds:list) -> torch.Tensor:  # x (B, 3, H, W) normalised; rows (n,), boxes (n, 4) on its device
+        "Random erasing of the drawn boxes: Gaussian noise ('pixel', from a generator seeded by the first erased sample) or zeros."
+        B, _, H, W = x.shape
+        mask = box_mask(boxes, H, W)                                               # (n, 1, H, W)
+        if self.re_mode == 'pixel':
+            g = torch.Generator(x.device).manual_seed(seeds[0])
+            fill = torch.randn(len(seeds), 3, H, W, device=x.device, generator=g)
+        else: fill = torch.zeros((), device=x.device)
+        x = x.clone()
+        x[rows] = torch.where(mask, fill, x[rows])
+        return x
 
     def erase(self, x:torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) normalised
-        "Random erasing per sample: with probability `re_prob`, a box of Gaussian noise ('pixel') or zeros ('const')."
+        "Random erasing per sample, drawn here: with probability `re_prob`, a box of Gaussian noise ('pixel') or zeros ('const')."
         B, _, H, W = x.shape
         boxes = {i: b for i in range(B) if torch.rand(1) < self.re_prob and (b := erase_box(H, W)) is not None}
         if not boxes: return x
-        idx = torch.tensor(list(boxes), device=x.device)
-        mask = box_mask(torch.tensor(list(boxes.values()), device=x.device), H, W)  # (n, 1, H, W)
-        fill = torch.randn(len(boxes), 3, H, W, device=x.device) if self.re_mode == 'pixel' else torch.zeros((), device=x.device)
-        x = x.clone()
-        x[idx] = torch.where(mask, fill, x[idx])
-        return x
+        seed = int(torch.randint(2 ** 62, ()))
+        return self._erase(x, torch.tensor(list(boxes), device=x.device), torch.tensor(list(boxes.values()), device=x.device),
+                           [seed] * len(boxes))
+
+def _box_on(box:tuple, drawn_on:tuple, size:tuple) -> tuple:
+    "A crop box drawn on an image of size `drawn_on`, on the decoded image of size `size` (the same, unless the header lied)."
+    if tuple(drawn_on) == tuple(size): return box
+    (H, W), (h0, w0) = size, drawn_on
+    top, left = min(H - 1, box[0] * H // h0), min(W - 1, box[1] * W // w0)
+    return top, left, max(1, min(H - top, box[2] * H // h0)), max(1, min(W - left, box[3] * W // w0))
 
 class DeviceEvalTransform:
     "The evaluation transform on decoded uint8 images, on their device: resize, centre crop, normalise."
     def __init__(self, img_size=224, crop_pct:float=0.9, interpolation:str='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD):
         self.img_size, self.crop_pct, self.interp = img_size, crop_pct, v2.InterpolationMode(interpolation)
         self.size, self.mean, self.std = to_2tuple(img_size, 'img_size'), list(mean), list(std)
-    def __call__(self, images:list) -> torch.Tensor:  # [(3, h, w) uint8] -> (B, 3, H, W) float32
+    def __call__(self, images:list, draws=None) -> torch.Tensor:  # [(3, h, w) uint8] -> (B, 3, H, W) float32
         x = torch.stack([TF.center_crop(TF.resize(img, list(resize_size(*img.shape[-2:], self.img_size, self.crop_pct)),
                                                   self.interp, antialias=True), list(self.size)) for img in images])
         return TF.normalize(TF.to_dtype(x, torch.float32, scale=True), self.mean, self.std)
 
 # %% ../nbs/12_pipeline.ipynb #p0000050
 class DeviceLoader:
-    "A loader of encoded files whose batches are decoded and transformed on `device`; yields `Batch(images on device, targets, skipped)`."
-    def __init__(self, loader, transform, device, skip_bad_images:bool=False):
+    "A loader of encoded files whose batches are decoded and transformed on `device`, `prefetch` batches ahead in a thread; yields `Batch(images on device, targets, skipped)`."
+    def __init__(self, loader, transform, device, skip_bad_images:bool=False,
+                 prefetch:int=2):  # batches made ahead in a background thread (on CUDA, on a side stream); 0: made when asked for
         self.loader, self.transform, self.device, self.skip_bad_images = loader, transform, torch.device(device), skip_bad_images
+        self.prefetch, self._live = prefetch, weakref.WeakSet()  # the threaded iterators not yet collected
         self.decoded = self.fallbacks = 0  # files decode_jpeg decoded; files load_rgb decoded instead (counted in this process)
     def __len__(self): return len(self.loader)
-    def __iter__(self): return _DeviceIter(self, iter(self.loader))
+    def __iter__(self):
+        # a thread only where the workers draw: with num_workers=0 the dataset (and its seeded draws) would run in the thread
+        threaded = self.prefetch > 0 and getattr(self.loader, 'num_workers', 0) > 0
+        return (_ThreadedDeviceIter if threaded else _DeviceIter)(self, iter(self.loader))
     @property
-    def _iterator(self): return getattr(self.loader, '_iterator', None)  # what `close_loader` shuts down
+    def _iterator(self): return self  # what `close_loader` shuts down: the threads, then the loader's workers
+    def _shutdown_workers(self):
+        for it in list(self._live): it._shutdown_workers()
+        shutdown = getattr(getattr(self.loader, '_iterator', None), '_shutdown_workers', None)
+        if shutdown is not None: shutdown()
     def report(self) -> str:
         "How the files were decoded."
         return (f"{self.decoded + self.fallbacks} files decoded for {self.device.type}: {self.decoded} by decode_jpeg, "
                 f"{self.fallbacks} by PIL on the CPU (not JPEG, cut off, or refused by the decoder)")
 
+    def make_batch(self, batch:Batch) -> Batch:
+        "One loader batch of files -> the model's input: decode, then the transform with the workers' draws."
+        encoded, targets, skipped = batch
+        if encoded is None: return Batch(None, None, skipped)
+        images, keep, bad, fallbacks = decode_images(encoded, self.device, self.skip_bad_images)
+        self.decoded, self.fallbacks = self.decoded + len(images) - fallbacks, self.fallbacks + fallbacks
+        if not images: return Batch(None, None, skipped + bad)
+        draws = [encoded.draws[i] for i in keep] if isinstance(encoded, EncodedBatch) and encoded.draws is not None else None
+        host = targets[keep]
+        y = (host.pin_memory() if self.device.type == 'cuda' else host).to(self.device, non_blocking=True)
+        return Batch(self.transform(images, draws), y, skipped + bad)
+
 class _DeviceIter:
+    "Batches made when the loop asks for them."
     def __init__(self, owner:DeviceLoader, it): self.owner, self.it = owner, it
     def __iter__(self): return self
-    def __next__(self) -> Batch:
-        o = self.owner
-        encoded, targets, skipped = next(self.it)
-        if encoded is None: return Batch(None, None, skipped)
-        images, keep, bad, fallbacks = decode_images(encoded, o.device, o.skip_bad_images)
-        o.decoded, o.fallbacks = o.decoded + len(images) - fallbacks, o.fallbacks + fallbacks
-        if not images: return Batch(None, None, skipped + bad)
-        return Batch(o.transform(images), targets[keep].to(o.device, non_blocking=True), skipped + bad)
+    def __next__(self) -> Batch: return self.owner.make_batch(next(self.it))
     def _shutdown_workers(self):
         shutdown = getattr(self.it, '_shutdown_workers', None)
         if shutdown is not None: shutdown()
+
+_END = object()  # the producer's last item: the loader is exhausted
+
+class _ThreadedDeviceIter(_DeviceIter):
+    "Batches made `prefetch` ahead by a background thread (on CUDA on its own stream), handed over in order through a queue."
+    def __init__(self, owner:DeviceLoader, it):
+        super().__init__(owner, it)
+        stream = torch.cuda.Stream(owner.device) if owner.device.type == 'cuda' else None
+        self.queue, self.stop, self.done = queue.Queue(maxsize=owner.prefetch), threading.Event(), False
+        # the thread holds what it needs, not this iterator: an iterator the loop drops is collected, and its thread stops
+        self.thread = threading.Thread(target=_produce, args=(owner, it, stream, self.queue, self.stop), name='t2t-device-loader',
+                                       daemon=True)
+        self.thread.start()
+        owner._live.add(self)
+
+    def __next__(self) -> Batch:
+        if self.done: raise StopIteration
+        while True:
+            try: item = self.queue.get(timeout=1.0); break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.queue.empty(): raise RuntimeError("the device loader's thread ended without a batch")
+        if item is _END or isinstance(item, BaseException):
+            self.done = True; self.thread.join()
+            if item is _END: raise StopIteration
+            super()._shutdown_workers()  # an iterator that raised is finished: its workers go now, not at exit
+            raise item
+        b, event = item
+        if event is not None:  # the loop's stream waits for the batch; the allocator keeps its memory until that stream is done
+            current = torch.cuda.current_stream(self.owner.device)
+            current.wait_event(event)
+            for t in (b.images, b.targets):
+                if t is not None: t.record_stream(current)
+        return b
+
+    def close(self):
+        "Stop the thread (it finishes the batch it is making) and drop what it made ahead."
+        self.stop.set()
+        while self.thread.is_alive():
+            try: self.queue.get(timeout=0.1)
+            except queue.Empty: pass
+            self.thread.join(timeout=0.1)
+        self.done = True
+
+    def _shutdown_workers(self):
+        self.close(); super()._shutdown_workers()
+
+    def __del__(self): self.stop.set()
+
+def _produce(owner:DeviceLoader, it, stream, q:queue.Queue, stop:threading.Event):
+    "The thread of `_ThreadedDeviceIter`: make batches in order and queue them, until the loader ends, an error, or `stop`."
+    while not stop.is_set():
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                b, event = owner.make_batch(next(it)), None
+                if stream is not None: event = torch.cuda.Event(); event.record(stream)
+            item = (b, event)
+        except StopIteration: item = _END
+        except BaseException as e: item = e  # raised in the loop's thread, where it asks for the batch
+        while not stop.is_set():
+            try: q.put(item, timeout=0.1); break
+            except queue.Full: pass
+        if item is _END or isinstance(item, BaseException): return
 
 # %% ../nbs/12_pipeline.ipynb #c1741316
 def pil_vertical_first(h:int, w:int, out_h:int, out_w:int) -> bool:
@@ -421,26 +597,8 @@ def _decode_rgb_jpeg(data:bytes):
     "A whole JPEG's pixels `(H, W, 3)` uint8 by torchvision's decoder, or None where it refuses or the file is cut off."
     from torchvision.io import ImageReadMode, decode_jpeg
     t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # torchvision 0.29 deprecates its decoders in favour of TorchCodec
-        try: return decode_jpeg(t, mode=ImageReadMode.RGB).permute(1, 2, 0) if _whole_jpeg(t) else None  # cut off: PIL's
-        except RuntimeError: return None
-
-_SOF_OTHER = {0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # lossless, hierarchical, arithmetic coding
-
-def jpeg_header(data:bytes):
-    "`(height, width, components)` from an 8-bit baseline or progressive JPEG's frame header (SOF0-2), or None: PIL's to judge."
-    if data[:3] != b'\xff\xd8\xff': return None
-    i, n = 2, len(data)
-    while i + 10 <= n and data[i] == 0xFF:
-        marker = data[i + 1]
-        if marker == 0xFF: i += 1; continue                                       # a fill byte
-        if marker in (0xC0, 0xC1, 0xC2):                                          # SOF: precision, height, width, components
-            h, w = int.from_bytes(data[i + 5:i + 7], 'big'), int.from_bytes(data[i + 7:i + 9], 'big')
-            return (h, w, data[i + 9]) if data[i + 4] == 8 and h > 0 and w > 0 else None
-        if marker in _SOF_OTHER or marker in (0xD9, 0xDA): return None             # another coding, or no frame header
-        i += 2 if 0xD0 <= marker <= 0xD8 or marker == 0x01 else 2 + int.from_bytes(data[i + 2:i + 4], 'big')
-    return None
+    try: return decode_jpeg(t, mode=ImageReadMode.RGB).permute(1, 2, 0) if _whole_jpeg(t) else None  # cut off: PIL's
+    except RuntimeError: return None
 
 class FastCrop(DraftCrop):
     "`DraftCrop` where the crop needs the full resolution: RGB JPEGs decoded by torchvision, the box resized by `resize_uint8`."
@@ -643,9 +801,10 @@ def create_pipeline(name:str,                    # a key of `PIPELINES`
     tk, ek = {**p['train'], **(train_kwargs or {})}, {**p['eval'], **(eval_kwargs or {})}
     create_train_transform(img_size, **tk); create_eval_transform(img_size, **ek)  # the same checks of the keywords
     if name == 'gpu':
-        train = ImageFolderDataset(root / 'train', None, skip_bad_images, loader=read_encoded)
+        aug = DeviceTrainAugment(img_size, **tk)  # its draws are made in the workers, per sample (`draw_sample`)
+        train = ImageFolderDataset(root / 'train', aug.draw_sample, skip_bad_images, loader=read_encoded)
         val = ImageFolderDataset(root / 'val', None, skip_bad_images, classes=train.classes, loader=read_encoded)
-        return Pipeline(name, train, val, collate_encoded, DeviceTrainAugment(img_size, **tk), DeviceEvalTransform(img_size, **ek))
+        return Pipeline(name, train, val, collate_encoded, aug, DeviceEvalTransform(img_size, **ek))
     crop = (FastCrop if name == 'fast' else DraftCrop)(img_size, **{k: v for k, v in tk.items() if k in ('scale', 'ratio', 'interpolation')})
     tail = (FastTail if name == 'fast' else DraftTail)(**{k: v for k, v in tk.items() if k not in ('scale', 'ratio')})
     train = ImageFolderDataset(root / 'train', tail, skip_bad_images, loader=crop)

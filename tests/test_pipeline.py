@@ -3,7 +3,7 @@ draft decode (scales, pil's images where the scale is 1, close ones where it is 
 fast pipeline (exact shears, torch's resize within 2 levels of PIL's, pil's draws, its batch step), the robust path
 for odd files, the gpu pipeline run on CPU tensors (fallbacks, bad files, reproducibility), and
 `t2t_train --pipeline` for every CPU-capable choice. GPU-only checks are marked `cuda`."""
-import io, math, shutil
+import gc, io, math, shutil
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -14,13 +14,15 @@ from PIL import Image
 from scipy import stats
 from torchvision.transforms import RandomResizedCrop as RRC_v1, v2
 
-from t2t_course.data import ImageFolderDataset, create_eval_transform, create_loader, create_train_transform, load_rgb, mean_fill
+from t2t_course.data import BadImageError, ImageFolderDataset, create_eval_transform, create_loader, create_train_transform, load_rgb, mean_fill
 from t2t_course.pipeline import (PIPELINES, BatchTail, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
                                  DraftResize, DraftTail, FastCrop, FastRandAugment, FastTail, LeanRandAugment, Normalize,
                                  TailLoader, collate_encoded, collate_uint8, create_pipeline, dct_scale,
                                  decode_images, erase_params, jpeg_header, make_photo, open_drafted, pil_vertical_first,
                                  resize_uint8, rrc_box, read_encoded, sharpness_rgb, shear_bicubic, write_jpegs)
 from t2t_course.cli import build_parser, main
+from t2t_course.distributed import EpochSampler, SeededDataset
+from t2t_course.evaluate import close_loader
 
 TINY_ARGS = ['--model', 't2t_vit_7', '--model-kwargs', 'embed_dim=32', 'depth=1', 'num_heads=2', 'mlp_ratio=2.0',
              'token_dim=16', '--img-size', '32', '--threads', '1', '--no-progress', '-b', '4', '--epochs', '1']
@@ -329,6 +331,66 @@ def test_device_loader_batches_skip_and_repeat(files, tmp_path):
     assert sum(len(x.images) for x in a if x.images is not None) == len(ds) - 2
     assert sorted(Path(p).name for x in a for p, _ in x.skipped) == ['text.jpg', 'truncated.jpg']
     assert dl.fallbacks == 2 and 'by PIL on the CPU' in dl.report()  # the PNG in disguise, once per epoch (the cut-off file is bad)
+
+
+def _gpu_pipeline_folder(root, files):
+    write_jpegs(root / 'train', 12, (90, 120)); write_jpegs(root / 'val', 4, (90, 120), seed=9)
+    for n in ('png_named.JPEG', 'text.jpg', 'truncated.jpg'): shutil.copy(files / n, root / 'train' / 'n01' / n)
+    return create_pipeline('gpu', root, 32, skip_bad_images=True)
+
+
+def _gpu_epoch(p, prefetch=2, workers=1, start=0, epoch=1):
+    "One epoch of the gpu pipeline's training split as `train` builds it: seeded samples, the epoch sampler, a DeviceLoader."
+    ds = SeededDataset(p.train, seed=5)
+    sampler = EpochSampler(ds, seed=5); sampler.set_epoch(epoch, start)
+    dl = DeviceLoader(create_loader(ds, 4, sampler=sampler, num_workers=workers, collate_fn=p.collate_fn), p.train_transform,
+                      'cpu', True, prefetch=prefetch)
+    return list(dl), dl
+
+
+def test_gpu_pipeline_thread_keeps_order_draws_and_resume(files, tmp_path):
+    "Batches made ahead in the background thread equal those made on demand, with 1 or 2 workers; a resumed epoch repeats the rest."
+    p = _gpu_pipeline_folder(tmp_path, files)
+    threaded, dl = _gpu_epoch(p)
+    assert dl._live is not None and len(threaded) == 4
+    for other in (_gpu_epoch(p, prefetch=0)[0], _gpu_epoch(p, workers=2)[0], _gpu_epoch(p, workers=0)[0]):
+        assert len(other) == len(threaded)
+        for a, b in zip(threaded, other):
+            assert (a.images is None) == (b.images is None) and [s for s, _ in a.skipped] == [s for s, _ in b.skipped]
+            if a.images is not None: assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+    resumed, _ = _gpu_epoch(p, start=8)  # after two batches of 4
+    for a, b in zip(threaded[2:], resumed):
+        if a.images is not None: assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+    other_epoch, _ = _gpu_epoch(p, epoch=2)
+    assert not torch.equal(threaded[0].images, other_epoch[0].images)  # each epoch its own draws
+    assert sorted(Path(s).name for b in threaded for s, _ in b.skipped) == ['text.jpg', 'truncated.jpg']
+
+
+def test_gpu_pipeline_batch_is_one_buffer_with_the_workers_draws(files, tmp_path):
+    "collate_encoded ships a batch's files as one uint8 buffer with offsets, and the draws each worker made from the header's size."
+    p = _gpu_pipeline_folder(tmp_path, files)
+    samples = [p.train[i] for i in range(3)]
+    enc, targets, skipped = collate_encoded(samples)
+    assert enc.data.dim() == 1 and enc.offsets.tolist()[-1] == len(enc.data) and skipped == []
+    for (e, d), view in zip([s[0] for s in samples], enc.images()):
+        assert torch.equal(view.data, e.data) and view.path == e.path and d.size == (90, 120)
+    assert [type(d).__name__ for d in enc.draws] == ['SampleDraws'] * 3 and targets.tolist() == [s[1] for s in samples]
+
+
+def test_gpu_pipeline_thread_stops_when_dropped_closed_or_failed(files, tmp_path):
+    "A dropped iterator's thread ends; close_loader ends the thread and the workers; a bad file raises in the loop's thread, naming it."
+    p = _gpu_pipeline_folder(tmp_path, files)
+    dl = DeviceLoader(create_loader(p.train, 4, num_workers=1, collate_fn=p.collate_fn), p.train_transform, 'cpu', True)
+    it = iter(dl); next(it); thread = it.thread
+    del it; gc.collect(); thread.join(10)
+    assert not thread.is_alive()
+    it = iter(dl); next(it)
+    close_loader(dl)
+    assert not it.thread.is_alive() and it.done
+    strict = create_pipeline('gpu', tmp_path, 32)  # bad files raise
+    it = iter(DeviceLoader(create_loader(strict.train, 32, num_workers=1, collate_fn=strict.collate_fn), strict.train_transform, 'cpu'))
+    with pytest.raises(BadImageError, match='text.jpg'): next(it)
+    with pytest.raises(StopIteration): next(it)
 
 
 def test_device_augment_distribution():
