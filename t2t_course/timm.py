@@ -6,16 +6,22 @@
 __all__ = ['default_cfgs', 'registered', 'timm_cfg', 'build_timm_model', 'register_timm_models']
 
 # %% ../nbs/22_timm.ipynb #8191d9e0
-import dataclasses, warnings
+import dataclasses, importlib, warnings
 from pathlib import Path
 
 import torch.nn as nn
 import timm
-from timm.models import PretrainedCfg, generate_default_cfgs, is_model, model_entrypoint, register_model, register_notrace_module
-from timm.models._features import FeatureGetterNet
+from timm.models import PretrainedCfg, generate_default_cfgs, is_model, model_entrypoint, register_model
 
 from .models import _cfg, create_model, get_variant, list_models, load_checkpoint, weights_dir
 from .performer import TokenPerformer
+
+def _from_timm(name:str, *modules:str):
+    "`name` from the first of timm's `modules` that has it (timm moves its internals between releases), else an ImportError naming timm's version."
+    for m in modules:
+        try: return getattr(importlib.import_module(m), name)
+        except (ImportError, AttributeError): pass
+    raise ImportError(f"timm {timm.__version__} has no {name} (looked in {', '.join(modules)}): t2t_course.timm needs a timm that has it")
 
 # %% ../nbs/22_timm.ipynb #e97d11b6
 _TIMM_FIELDS = {f.name for f in dataclasses.fields(PretrainedCfg)}
@@ -65,6 +71,7 @@ def build_timm_model(name:str,                     # a registered model
     if not features_only: return model
     if feature_cls != 'getter': raise ValueError(f"{name} supports features_only with feature_cls='getter' only, got {feature_cls!r}")
     cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in ('num_classes', 'classifier')}
+    FeatureGetterNet = _from_timm('FeatureGetterNet', 'timm.models._features', 'timm.models')  # imported here: only features_only needs it
     model = FeatureGetterNet(model, out_indices=out_indices, **(feature_cfg or {}))
     model.pretrained_cfg = model.default_cfg = cfg
     return model
@@ -91,5 +98,6 @@ def register_timm_models(names=None) -> list:  # the names registered by this ca
         done.append(name)
     return done
 
-register_notrace_module(TokenPerformer)
+try: _from_timm('register_notrace_module', 'timm.layers', 'timm.models')(TokenPerformer)  # FX traces call it as a leaf
+except ImportError as e: warnings.warn(f"{e}: TokenPerformer is not registered as a leaf of timm's FX tracing")
 registered = register_timm_models()
