@@ -52,7 +52,10 @@ def train_throughput(model_name, img_size, batch, steps, warmup, device, dtype, 
     "img/s of the training step on a fixed synthetic batch, and the seconds the first (warm-up) steps took."
     torch.manual_seed(0)
     raw = create_model(model_name, num_classes=1000, img_size=img_size, drop_path_rate=0.1, **model_kwargs).to(device)
-    model = torch.compile(raw) if compile else raw
+    # compiled: a fresh compile per measurement, for this batch size alone (static shapes), not a recompile against the
+    # guards of the last one, which would make the batch dimension dynamic
+    if compile: torch._dynamo.reset()
+    model = torch.compile(raw, dynamic=False) if compile else raw
     optimizer = create_optimizer(raw, 1e-3, 0.05)
     state = TrainState(raw, optimizer, WarmupCosineSchedule(optimizer, 1e-3, 10, 10_000), create_grad_scaler(dtype, device),
                        ModelEma(raw, 0.99996))
@@ -121,6 +124,7 @@ def main(argv=None):
     p.add_argument('--workers', type=int, nargs='+', default=None,
                    help='data-loader worker counts to measure (default: 1, 4, 8 and the number of CPUs)')
     p.add_argument('--loader-images', type=int, default=400, help='images decoded per worker and measurement (default: 400)')
+    p.add_argument('--loader-files', type=int, default=1000, help='generated JPEGs the loader draws from (default: 1000)')
     p.add_argument('--no-compile', dest='compile', action='store_false', help='skip the compiled mode (default: measure it)')
     p.add_argument('--peak-tflops', type=float, default=None,
                    help="dense bf16 peak of the GPU for MFU (default: from a table of common GPUs matched against torch's device "
@@ -176,7 +180,7 @@ def main(argv=None):
         if len(r) == 2: print(f"batch {batch}: compiled / eager {r['compiled'] / r['eager']:.2f}x")
     tmp = Path(tempfile.mkdtemp(prefix='t2t_bench_jpegs_'))
     try:
-        n_files, lb = 64 if a.smoke else 1000, min(64, max(a.batch_size))
+        n_files, lb = 64 if a.smoke else a.loader_files, min(64, max(a.batch_size))
         t = time.perf_counter()
         make_jpegs(tmp, n_files, (48, 64) if a.smoke else (375, 500))
         print(f"data loader: {n_files} generated JPEGs ({'48 x 64' if a.smoke else '375 x 500'}, written in "
