@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .optim import SetupError
-from .models import CheckpointError, read_checkpoint
+from .core import CheckpointError, SetupError
+from .models import read_checkpoint
 
 # %% ../nbs/15_checkpoint.ipynb #4ddcfd79
 class CheckpointWriteError(OSError):

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from .core import in_ipython, stdout_to_devnull
 from .models import get_variant, list_models
 from .data import BUILTIN_DATASETS, BadImageError
-from .optim import SetupError
+from .core import SetupError
 from .distributed import PeerLostError
 from .checkpoint import CheckpointWriteError, load_checkpoint_file
 from .evaluate import evaluate_checkpoint

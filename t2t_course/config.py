@@ -13,8 +13,9 @@ from pathlib import Path
 
 from .models import list_models, get_variant
 from .data import DATA_PRESETS, data_name, get_dataset, is_builtin
-from .pipeline import PIPELINES
-from .optim import OPTIMIZERS, SetupError, LR_BASE_BATCH
+from .pipeline import DEFAULT_PIPELINE, DEFAULT_PIPELINE_WHY, PIPELINES, pipelines_help
+from .core import SetupError
+from .optim import OPTIMIZERS, LR_BASE_BATCH
 from .distributed import env_int
 
 # %% ../nbs/17_config.ipynb #bfeb1e73
@@ -65,18 +66,8 @@ class TrainConfig:
                              "is dropped) or 'official' for the release file", group=DATA, default_text="random init")
     img_size: int = option("training and evaluation size in pixels", group=DATA)
     data_preset: str = option("augmentation preset of chapter 11", group=DATA, choices=list(DATA_PRESETS))
-    pipeline: str = option("how files become batches (chapter 12): pil decodes whole files with PIL in the workers; draft "
-                           "draws the crop first and decodes JPEGs at the coarsest DCT scale that keeps it, with pil's draws "
-                           "and kernels; fast has draft's draws, decodes with torchvision, resizes with torch's uint8 kernel "
-                           "(within 2 levels of PIL), ships uint8 and normalises and erases where the batch lands, about 2x "
-                           "pil per worker on ImageNet-size JPEGs; gpu reads bytes in the workers, decodes with nvJPEG and "
-                           "augments on the GPU (CUDA only; RandAugment's rotations and shears bilinear)", 'draft', group=DATA,
-                           choices=list(PIPELINES),
-                           default_text="draft, on the CPU and on a GPU: it is the recipe's images exactly (pil's wherever the "
-                                        "crop needs the full resolution) and measured faster than pil; fast is not the default "
-                                        "because its resize rounds differently from PIL's (by up to 2 levels): it is the one "
-                                        "to pick for speed; gpu is not the default on GPUs because its speed there has not been "
-                                        "measured yet and its geometric RandAugment ops are bilinear")
+    pipeline: str = option("how files become batches (chapter 12): " + pipelines_help(), DEFAULT_PIPELINE, group=DATA,
+                           choices=list(PIPELINES), default_text=DEFAULT_PIPELINE_WHY)  # the registry's: chapter 12
     workers: int = option("data-loading processes per training process, at most the machine's CPUs (the default: at most the CPUs per process)", group=DATA)
     threads: int = option("torch CPU threads per process in a CPU run", group=DATA, none="torch's default")
     skip_bad_images: bool = option("skip (and report) images that cannot be decoded instead of stopping at the first "

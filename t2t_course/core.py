@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'is_static', 'to_2tuple', 'image_size', 'check_image_batch',
-           'check_tokens', 'in_test', 'in_ipython', 'stdout_to_devnull', 'default_cache_dir', 'set_seed',
-           'set_fast_paths', 'sample_image_path', 'load_image', 'load_sample_image', 'denormalize', 'to_numpy_image',
-           'show_image', 'show_images', 'draw_token_grid', 'draw_box']
+           'check_tokens', 'in_test', 'in_ipython', 'stdout_to_devnull', 'SetupError', 'CheckpointError',
+           'default_cache_dir', 'set_seed', 'set_fast_paths', 'sample_image_path', 'load_image', 'load_sample_image',
+           'denormalize', 'to_numpy_image', 'show_image', 'show_images', 'draw_token_grid', 'draw_box']
 
 # %% ../nbs/00_core.ipynb #bd7d658f
 import os, random
@@ -80,6 +80,13 @@ def stdout_to_devnull():
     "Point stdout at /dev/null: the commands call it when stdout's reader has gone (`... | head`), so nothing more fails at exit."
     import sys
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+# %% ../nbs/00_core.ipynb #41d91ecf
+class SetupError(ValueError):
+    "A run cannot start as asked; the message says why and what to do instead."
+
+class CheckpointError(ValueError):
+    "A checkpoint file that cannot be used: the message names the file and what was expected."
 
 # %% ../nbs/00_core.ipynb #ba6bd9af
 def default_cache_dir() -> Path:

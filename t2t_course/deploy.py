@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from .core import in_ipython, stdout_to_devnull, to_2tuple
 from .models import checkpoint_filter_fn, create_model, list_models
-from .optim import SetupError
+from .core import SetupError
 from .checkpoint import load_checkpoint_file
 from .distributed import resolve_device
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
-from .optim import SetupError
+from .core import SetupError
 
 # %% ../nbs/14_distributed.ipynb #17708e06
 @dataclass

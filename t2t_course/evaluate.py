@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from .models import checkpoint_filter_fn, checkpoint_state_dicts, create_model
 from .data import (DATA_PRESETS, BadImageLog, ImageFolderDataset, create_eval_transform, create_loader, data_root)
-from .optim import SetupError, amp_dtype
+from .core import SetupError
+from .optim import amp_dtype
 from .distributed import ShardSampler, all_reduce_sum, cleanup_distributed, setup_distributed
 from .checkpoint import atomic_write_text, load_checkpoint_file
 

@@ -7,7 +7,7 @@ __all__ = ['VARIANTS', 'T2TViT', 'Variant', 'register_variant', 'register_model'
            'create_model', 't2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_19', 't2t_vit_24',
            't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'vit_baseline', 't2t_vit_14_hard_split',
            'vit_s_16', 'ResidualBlock', 'SmallResNet', 'resnet_baseline', 'checkpoint_state_dicts',
-           'checkpoint_filter_fn', 'CheckpointError', 'read_checkpoint', 'load_checkpoint']
+           'checkpoint_filter_fn', 'read_checkpoint', 'load_checkpoint']
 
 # %% ../nbs/08_models.ipynb #37403936
 import argparse, difflib, fnmatch, inspect, math, os, re, warnings
@@ -390,8 +390,7 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
     return sd
 
 # %% ../nbs/08_models.ipynb #a2273133
-class CheckpointError(ValueError):
-    "A checkpoint file that cannot be used: the message names the file and what was expected."
+from .core import CheckpointError  # chapter 00's (still importable from here)
 
 def _why_unreadable(e:Exception) -> str:
     "What is wrong with a file `torch.load(weights_only=True)` failed on, in a few words."

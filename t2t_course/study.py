@@ -20,7 +20,7 @@ import numpy as np
 from .core import in_ipython, stdout_to_devnull
 from .models import create_model, list_models
 from .data import data_name, data_root, get_dataset, is_builtin
-from .optim import SetupError
+from .core import SetupError
 from .checkpoint import GracefulStop, atomic_write_text, lock_run_folder
 
 # %% ../nbs/20_study.ipynb #3418651d

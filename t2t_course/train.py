@@ -21,8 +21,9 @@ import torch.distributed as dist
 from .core import set_seed, in_ipython, stdout_to_devnull
 from .models import create_model
 from .data import BadImageLog, MixupCutmix, create_loader, create_loss, data_name, data_root, get_dataset, is_builtin
-from .pipeline import create_pipeline
-from .optim import (SetupError, ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer,
+from .pipeline import create_pipeline, get_pipeline
+from .core import SetupError
+from .optim import (ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer,
                               LR_BASE_BATCH)
 from .distributed import (DistEnv, EpochSampler, SeededDataset, ShardSampler, StopVote, all_gather_objects,
                                     all_reduce_sum, cleanup_distributed, collective_error, is_peer_failure,
@@ -182,10 +183,9 @@ def build_model(cfg:TrainConfig, num_classes:int) -> nn.Module:
 def _build_data(run:Run):
     "Datasets, sampler, loaders, mixing and loss of `run.cfg`."
     cfg, env = run.cfg, run.env
-    if cfg.pipeline == 'gpu' and env.device.type != 'cuda':
-        raise SetupError(f"--pipeline gpu decodes and augments on a CUDA GPU, and this run is on the {env.device.type}: use "
-                         f"--pipeline draft (the default), fast or pil")
+    kind = get_pipeline(cfg.pipeline)  # what it needs is the registry's to say (chapter 12)
     try:
+        kind.check_device(env.device)
         pipe = create_pipeline(cfg.pipeline, data_root(cfg.data), cfg.img_size, cfg.data_preset, cfg.skip_bad_images)
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e
     run.train_ds, run.val_ds = pipe.train, pipe.val
@@ -195,7 +195,7 @@ def _build_data(run:Run):
     if run.steps_per_epoch == 0:
         raise SetupError(f"the training split has {len(run.train_ds)} images, fewer than one global batch of "
                          f"{run.global_batch} ({cfg.batch_size} per process x {env.world_size}): lower --batch-size")
-    common = dict(num_workers=cfg.workers, pin_memory=env.device.type == 'cuda' and pipe.name != 'gpu', collate_fn=pipe.collate_fn,
+    common = dict(num_workers=cfg.workers, pin_memory=env.device.type == 'cuda' and kind.pin_memory, collate_fn=pipe.collate_fn,
                   persistent_workers=cfg.workers > 0, generator=torch.Generator().manual_seed(cfg.seed))  # own generator: iterators leave the global one alone
     run.train_dl = pipe.wrap(create_loader(SeededDataset(run.train_ds, cfg.seed), cfg.batch_size, sampler=run.sampler,
                                            drop_last=True, **common), 'train', env.device, cfg.skip_bad_images)
@@ -501,7 +501,7 @@ def _result(run:Run, interrupted:int) -> TrainResult:
     r = TrainResult(run.cfg, st.history[-1] if st.history else {}, st.history, run.out, run.last_path, run.best_path,
                     run.out / 'metrics.csv', run.out / 'curves.png', st.epoch, interrupted, elapsed, bad, val_bad)
     for name, dl in (('training', run.train_dl), ('validation', run.val_dl)):
-        if hasattr(dl, 'report'): run.log(f'{name} pipeline gpu: {dl.report()}')  # nvJPEG's fallbacks, on rank 0
+        if hasattr(dl, 'report'): run.log(f'{name} pipeline {run.cfg.pipeline}: {dl.report()}')  # how its files were decoded, on rank 0
     if bad.count: run.log('training: ' + bad.report())
     if val_bad.count: run.log('validation (not counted in the accuracy): ' + val_bad.report())
     if interrupted:

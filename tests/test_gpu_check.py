@@ -3,7 +3,7 @@ its dry run (every phase-1 command on the CPU with tiny sizes) passes and leaves
 without CUDA, or with a Python without torch, it stops at once with one line saying what is missing, never passing by
 skipping; its plan fits the device time (phase 1 within 300 s, phase 2 within 180 s, so that a second try fits); and
 phase 2 without the carried wheels says to run tools/wheels.sh. The GPU numbers themselves are not measured here."""
-import os, re, subprocess, sys, time
+import os, re, shlex, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -88,10 +88,28 @@ def test_phase2_without_wheels_names_tools_wheels_sh(tmp_path):
     assert not (tmp_path / 'out').exists()  # nothing ran
 
 
+def python_without_the_project(tmp_path):
+    """This Python with its packages but not the project's editable install (`-S`: no .pth file runs; its site-packages
+    on PYTHONPATH after what the script puts first), as on the device, where the checkout is importable only because
+    the script puts it on PYTHONPATH."""
+    import site
+    dirs = os.pathsep.join(d for d in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(d))
+    py = tmp_path / 'python-without-the-project'
+    py.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}"{shlex.quote(dirs)} '
+                  f'exec {shlex.quote(sys.executable)} -S "$@"\n')
+    py.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    probe = subprocess.run([str(py), '-c', 'import torch, pytest; import t2t_course'], capture_output=True, text=True,
+                           cwd='/', env=env)
+    assert "No module named 't2t_course'" in probe.stderr, probe.stderr[-2000:]  # torch and pytest import; the project not
+    return py
+
+
 def test_dry_run_passes_and_leaves_files_that_come_back(tmp_path):
-    "The dry run (CPU, tiny sizes, cuda tests skipping) passes; at most 8 files, all named as the device sends back."
+    "The dry run (CPU, tiny sizes, cuda tests skipping) passes with a Python that has not the project installed (as on "
+    "the device: only the script's PYTHONPATH finds it); at most 8 files, all named as the device sends back."
     out_dir = tmp_path / 'dry'
-    code, out, err, dt = gpu_check('--dry-run', out_dir, timeout=240)
+    code, out, err, dt = gpu_check('--dry-run', out_dir, python=python_without_the_project(tmp_path), timeout=240)
     assert code == 0, out[-3000:] + err[-2000:]
     files = [p for p in out_dir.rglob('*') if p.is_file()]
     assert 0 < len(files) <= 8 and all(NAME.match(p.name) for p in files), files
