@@ -12,7 +12,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / 'tools' / 'gpu_check.sh'
 NAME = re.compile(r'^[A-Za-z0-9._-]+$')  # what the device machine sends back: letters, digits, '.', '_', '-'
-PHASE1_STEPS = ['preflight', 'nvidia-smi', 'pytest_cuda', 'gpu_train', 'data_pipeline']
+PHASE1_STEPS = ['preflight', 'nvidia-smi', 'pytest_cuda', 'data_pipeline', 'gpu_train']
 
 
 def gpu_check(*args, python=sys.executable, timeout=150):

@@ -10,8 +10,8 @@
 #
 # Phase 1: preflight 30 s (torch imports, sees a CUDA GPU, runs a kernel; else one line saying what is missing, and
 # exit 1), nvidia-smi 10 s (for the record only), pytest -m cuda 75 s on the test modules that name the cuda mark, with
-# T2T_REQUIRE_CUDA=1 (a skipped cuda test fails), benchmarks/gpu_train.py 135 s (batch 64 and 256, eager and compiled;
-# the loader), benchmarks/data_pipeline.py --quick 50 s (the CPU pipelines, then fast and gpu on the GPU).
+# T2T_REQUIRE_CUDA=1 (a skipped cuda test fails), benchmarks/data_pipeline.py --quick 50 s (the CPU pipelines, then fast
+# and gpu on the GPU), benchmarks/gpu_train.py 135 s (batch 64 and 256, eager and compiled; the loader), last.
 # Phase 2: preflight 15 s, install 20 s (the wheels into /tmp/t2t_site, on PYTHONPATH after the checkout), then
 # nbdev_test --flags cuda on each notebook with #| cuda cells (12_pipeline 45 s, 18_train 100 s).
 # The limits are estimates: no step has run on a GPU yet. The dry run has no GPU number.
@@ -135,15 +135,16 @@ if [ "$PHASE" = 1 ]; then
   [ -n "$mods" ] || mods='tests/'  # no module marks a cuda test: pytest then says so (no tests ran: exit 5)
   plan_add pytest_cuda 75 pytest_cuda.log scored "$(q "$PY") -m pytest -q -m cuda -rA -p no:cacheprovider $mods"
   if [ "$DRY" = 1 ]; then
-    plan_add gpu_train 135 gpu_train.log scored "$(q "$PY") benchmarks/gpu_train.py --device cpu --smoke"
     plan_add data_pipeline 50 data_pipeline.log scored \
       "$(q "$PY") benchmarks/data_pipeline.py --files 2 --rounds 1 --images 32 --img-size 64"
+    plan_add gpu_train 135 gpu_train.log scored "$(q "$PY") benchmarks/gpu_train.py --device cpu --smoke"
   else
-    # batch 64 and 256, eager and compiled (2 compiles, most of the time); the loader with 1 and 8 workers
-    plan_add gpu_train 135 gpu_train.log scored \
-      "$(q "$PY") benchmarks/gpu_train.py --steps 10 --warmup 2 --workers 1 8 --loader-images 100 --loader-files 200"
     # the CPU pipelines' comparison in 2 rounds of 64 images, then fast and gpu on the GPU with 1, 4 and 8 workers
     plan_add data_pipeline 50 data_pipeline.log scored "$(q "$PY") benchmarks/data_pipeline.py --quick --rounds 2 --images 64"
+    # last, as the longest and least certain (2 compiles, most of its time): batch 64 and 256, eager and compiled; the
+    # loader with 1 and 8 workers. Its log keeps what it printed before a time-out (unbuffered output).
+    plan_add gpu_train 135 gpu_train.log scored \
+      "$(q "$PY") benchmarks/gpu_train.py --steps 10 --warmup 2 --workers 1 8 --loader-images 100 --loader-files 200"
   fi
 else
   MODE=$([ "$DRY" = 1 ] && echo cpu || echo cuda)
