@@ -192,16 +192,17 @@ RA_OPS = (  # torchvision's v2.RandAugment: (name, strengths(bins, H, W) or None
     ('Equalize', None, False, lambda x, m, i, f: TF.equalize(x)),
 )
 
-_MAGNITUDES = {}
+@functools.lru_cache(maxsize=1024)  # bounded: one entry per op, bins, magnitude and image size
+def _magnitude(k:int, num_bins:int, magnitude:int, height:int, width:int) -> float:
+    "The strength table draws nothing: computed once per op and size."
+    return float(RA_OPS[k][1](num_bins, height, width)[magnitude])
 
 def ra_draw(num_bins:int, magnitude:int, height:int, width:int) -> tuple:
     "One RandAugment op, drawn as `v2.RandAugment` draws it: (op index, signed magnitude)."
     k = int(torch.randint(len(RA_OPS), ()))
     _, strengths, signed, _ = RA_OPS[k]
     if strengths is None: return k, 0.
-    key = (k, num_bins, magnitude, height, width)  # the strength table draws nothing: computed once per size
-    if key not in _MAGNITUDES: _MAGNITUDES[key] = float(strengths(num_bins, height, width)[magnitude])
-    m = _MAGNITUDES[key]
+    m = _magnitude(k, num_bins, magnitude, height, width)
     if signed and torch.rand(()) <= 0.5: m = -m
     return k, m
 
@@ -626,23 +627,19 @@ class FastCrop(DraftCrop):
         return img.resize(self.size[::-1], _PIL_INTERP[interp.value], box=(left / s, top / s, (left + w) / s, (top + h) / s))
 
 # %% ../nbs/12_pipeline.ipynb #d758ec93
-_SHEAR_PLANS = {}  # (m, x, H, W) -> the taps' flat indices, the offsets d, the pixels that take the fill
-
+@functools.lru_cache(maxsize=16)  # bounded: a 224 x 224 plan is about 3 MB; RandAugment's magnitude gives 4 per size
 def _shear_plan(m:float, x:bool, H:int, W:int):
-    "Where PIL's bicubic shear by `m` reads, or None if its matrix is not a one-axis shear."
-    key = (m, x, H, W)
-    if key not in _SHEAR_PLANS:
-        from torchvision.transforms.functional import _get_inverse_affine_matrix  # what TF.affine hands PIL
-        a = _get_inverse_affine_matrix([0., 0.], 0., [0., 0.], 1., [math.degrees(math.atan(m)), 0.] if x else [0., math.degrees(math.atan(m))])
-        if (a[3:] if x else a[:3]) != [0. if x else 1., 1. if x else 0., 0.]: return None  # the other axis stays exact
-        xc, yc = np.arange(W)[None, :] + 0.5, np.arange(H)[:, None] + 0.5         # pixel centres
-        src = (a[0] * xc + a[1] * yc) + a[2] if x else (a[3] * xc + a[4] * yc) + a[5]  # (H, W), Geometry.c's order
-        n, f = (W if x else H), np.floor(src - 0.5)
-        d = np.repeat((src - 0.5 - f)[..., None], 3, -1).reshape(-1, 3)           # (H W, 3) float64
-        (yy, xx), taps = np.mgrid[0:H, 0:W], [np.clip(f.astype(np.intp) - 1 + k, 0, n - 1) for k in range(4)]
-        flat = [(yy * W + t if x else t * W + xx).ravel() for t in taps]          # 4 x (H W,)
-        _SHEAR_PLANS[key] = flat, d, ~((src >= 0) & (src < n))
-    return _SHEAR_PLANS[key]
+    "Where PIL's bicubic shear by `m` reads (the taps' flat indices, the offsets d, the pixels that take the fill), or None if its matrix is not a one-axis shear."
+    from torchvision.transforms.functional import _get_inverse_affine_matrix  # what TF.affine hands PIL
+    a = _get_inverse_affine_matrix([0., 0.], 0., [0., 0.], 1., [math.degrees(math.atan(m)), 0.] if x else [0., math.degrees(math.atan(m))])
+    if (a[3:] if x else a[:3]) != [0. if x else 1., 1. if x else 0., 0.]: return None  # the other axis stays exact
+    xc, yc = np.arange(W)[None, :] + 0.5, np.arange(H)[:, None] + 0.5         # pixel centres
+    src = (a[0] * xc + a[1] * yc) + a[2] if x else (a[3] * xc + a[4] * yc) + a[5]  # (H, W), Geometry.c's order
+    n, f = (W if x else H), np.floor(src - 0.5)
+    d = np.repeat((src - 0.5 - f)[..., None], 3, -1).reshape(-1, 3)           # (H W, 3) float64
+    (yy, xx), taps = np.mgrid[0:H, 0:W], [np.clip(f.astype(np.intp) - 1 + k, 0, n - 1) for k in range(4)]
+    flat = [(yy * W + t if x else t * W + xx).ravel() for t in taps]          # 4 x (H W,)
+    return flat, d, ~((src >= 0) & (src < n))
 
 def shear_bicubic(img:Image.Image, m:float, x:bool, fill) -> Image.Image:
     "RandAugment's ShearX (`x`) or ShearY of an RGB image by `m`: PIL's bicubic arithmetic in numpy, the same image bit for bit."
