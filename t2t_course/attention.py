@@ -15,7 +15,8 @@ from .core import is_static
 # %% ../nbs/03_attention.ipynb #1edfa6da
 def _differ(a, b) -> bool: return is_static(a) and is_static(b) and a != b  # sizes known now (chapters 22 and 24) and different
 
-def _check_qkv(q, k, v, dropout_p=0.):
+@torch.jit.ignore  # TorchScript calls it as Python (chapter 22); a scripted caller passes every argument
+def _check_qkv(q:torch.Tensor, k:torch.Tensor, v:torch.Tensor, dropout_p:float=0.):
     "Raise a clear error when `q`, `k`, `v` or `dropout_p` cannot go into attention (static sizes only)."
     for name, t in (('q', q), ('k', k), ('v', v)):
         if not isinstance(t, torch.Tensor): raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")

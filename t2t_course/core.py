@@ -10,6 +10,7 @@ __all__ = ['IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'is_static', 'to_2tu
 
 # %% ../nbs/00_core.ipynb #bd7d658f
 import os, random
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +45,11 @@ def image_size(x:torch.Tensor) -> tuple:
     return (x.shape[-2], x.shape[-1])
 
 # %% ../nbs/00_core.ipynb #d24bdecd
-def check_image_batch(img,                # the input to check
-                      what:str='img',     # what it is, for the message
-                      channels:int=None   # the number of channels it must have; None: any
-                     ) -> torch.Tensor:   # `img`, unchanged
+@torch.jit.ignore  # TorchScript calls it as Python (its messages format shapes); a scripted caller passes every argument
+def check_image_batch(img:torch.Tensor,                 # the input to check
+                      what:str='img',                   # what it is, for the message
+                      channels:Optional[int]=None       # the number of channels it must have; None: any
+                     ) -> torch.Tensor:                 # `img`, unchanged
     "Raise `TypeError`/`ValueError` unless `img` is a 4-D `(B, C, H, W)` tensor (with `channels` channels); return it."
     if not isinstance(img, torch.Tensor): raise TypeError(f"{what} must be a torch.Tensor, got {type(img).__name__}")
     if img.ndim != 4: raise ValueError(f"{what} must be a 4-D batch (B, C, H, W), got shape {tuple(img.shape)}")
@@ -55,7 +57,8 @@ def check_image_batch(img,                # the input to check
         raise ValueError(f"expected {channels} input channels, got {img.shape[1]} (input shape {tuple(img.shape)})")
     return img
 
-def check_tokens(x,                # the input to check
+@torch.jit.ignore  # as `check_image_batch`
+def check_tokens(x:torch.Tensor,   # the input to check
                  width:int,        # the width C its tokens must have
                  what:str='tokens' # what it is, for the message
                 ) -> torch.Tensor: # `x`, unchanged

@@ -20,7 +20,7 @@ def hard_split(img:torch.Tensor,  # images (B, C, H, W)
                patch_size,        # P: int or (P_h, P_w); must divide H and W
               ) -> torch.Tensor:  # tokens (B, N, C*P_h*P_w), N = (H/P_h)*(W/P_w)
     "ViT's hard split: non-overlapping patches as tokens, features ordered channel, then row, then column."
-    check_image_batch(img)
+    check_image_batch(img, 'img', None)  # every argument, for TorchScript (chapter 00)
     ph, pw = to_2tuple(patch_size, 'patch_size')
     H, W = img.shape[-2:]
     if H % ph or W % pw:

@@ -12,6 +12,10 @@ import math, operator
 import torch
 import torch.nn as nn
 
+from .core import check_tokens
+
+torch.fx.wrap('check_tokens')  # a leaf of FX graphs: the check runs on the real tensor (chapters 22 and 24)
+
 # %% ../nbs/05_performer.ipynb #bbe93658
 def gaussian_features(m:int,              # number of random features (rows)
                       d:int,              # width of the vectors they act on
@@ -145,15 +149,21 @@ class TokenPerformer(nn.Module):
 
     def single_attn(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) normalized -> (B, N, emb)
         "Performer attention with the skip from v; in float16 the feature map, D and the division run in float32."
-        k, q, v = torch.split(self.kqv(x), self.emb, dim=-1)                          # (B, N, emb) each: k, q, v order
-        attn = self._attn_batched if self.batched_favor else self._attn_naive
-        if v.dtype != torch.float16: return v + self.dp(self.proj(attn(k, q, v)))   # float32, or bfloat16 (its range)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            y = attn(k.float(), q.float(), v.float())                                 # (B, N, emb) float32
-        return v + self.dp(self.proj(y.to(v.dtype)))                                  # (B, N, emb), skip from v
+        kqv, e = self.kqv(x), self.emb
+        k, q, v = kqv[..., :e], kqv[..., e:2 * e], kqv[..., 2 * e:]                  # (B, N, emb) each: k, q, v order
+        if v.dtype == torch.float16: y = self._attn_float32(k, q, v).to(v.dtype)     # float16's range is too small
+        else: y = self._attn(k, q, v)                                                 # float32, or bfloat16 (its range)
+        return v + self.dp(self.proj(y))                                              # (B, N, emb), skip from v
+
+    def _attn(self, k:torch.Tensor, q:torch.Tensor, v:torch.Tensor) -> torch.Tensor:
+        return self._attn_batched(k, q, v) if self.batched_favor else self._attn_naive(k, q, v)
+
+    @torch.jit.unused  # TorchScript compiles no autocast switch: a scripted model runs float32 or bfloat16
+    def _attn_float32(self, k:torch.Tensor, q:torch.Tensor, v:torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=k.device.type, enabled=False):
+            return self._attn(k.float(), q.float(), v.float())                        # (B, N, emb) float32
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, emb)
-        if x.ndim != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"expected tokens of shape (B, N, {self.dim}), got {tuple(x.shape)}")
+        x = check_tokens(x, self.dim, 'tokens')            # every argument, for TorchScript (chapter 00)
         x = self.single_attn(self.norm1(x))                # (B, N, emb)
         return x + self.mlp(self.norm2(x))                 # (B, N, emb)

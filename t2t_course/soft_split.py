@@ -38,7 +38,7 @@ def soft_split(img:torch.Tensor,  # images or feature maps (B, C, H, W)
                padding=0,         # p: zeros added on each side, int or pair
               ) -> torch.Tensor:  # tokens (B, L, C*k*k), L = H_o * W_o
     "T2T-ViT's soft split: overlapping k x k windows as tokens, features ordered channel, then row, then column."
-    img = check_image_batch(img)
+    img = check_image_batch(img, 'img', None)  # every argument, for TorchScript (chapter 00)
     soft_split_size(image_size(img), kernel_size, stride, padding)  # validates the arguments
     tokens = F.unfold(img, kernel_size=kernel_size, stride=stride, padding=padding)  # (B, C*k*k, L)
     return tokens.transpose(1, 2)                                         # (B, L, C*k*k)
@@ -95,7 +95,7 @@ def soft_split_fast(x:torch.Tensor,           # images (B, C, H, W), or a token 
                     channels_last:bool=False  # True: `x` is (B, H, W, C), e.g. tokens (B, H*W, C) viewed on their grid
                    ) -> torch.Tensor:         # tokens (B, L, C*k*k), contiguous, equal to `soft_split` of the image
     "The soft split as a strided gather into token-major order (zero padding, then one copy; no im2col, no transpose copy)."
-    x = check_image_batch(x, 'x')
+    x = check_image_batch(x, 'x', None)  # every argument: TorchScript keeps no defaults of an ignored function
     H, W = (x.shape[1], x.shape[2]) if channels_last else (x.shape[2], x.shape[3])
     (Ho, Wo), (kh, kw) = soft_split_size((H, W), kernel_size, stride, padding), to_2tuple(kernel_size, 'kernel_size')
     (sh, sw), (ph, pw) = to_2tuple(stride, 'stride'), to_2tuple(padding, 'padding', min_value=0)

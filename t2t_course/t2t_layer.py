@@ -38,7 +38,7 @@ class TokenAttention(nn.Module):
         self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, in_dim)
-        x = check_tokens(x, self.dim)
+        x = check_tokens(x, self.dim, 'tokens')  # every argument, for TorchScript (chapter 00)
         B, N, _ = x.shape
         h = self.num_heads
         qkv = self.qkv(x).reshape(B, N, 3, h, self.in_dim // h).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
@@ -78,6 +78,6 @@ class TokenTransformer(nn.Module):
                        act_layer=act_layer, drop=drop)
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, C) -> (B, N, in_dim)
-        x = check_tokens(x, self.norm1.normalized_shape[0])
+        x = check_tokens(x, self.norm1.normalized_shape[0], 'tokens')
         x = self.attn(self.norm1(x))                       # (B, N, in_dim)
         return x + self.drop_path(self.mlp(self.norm2(x)))  # (B, N, in_dim)
