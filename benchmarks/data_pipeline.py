@@ -12,7 +12,7 @@ Each measurement goes through `create_loader` with one worker process (the 'per 
 pipelines rotate their order, and the best round of each counts (a shared machine is noisy: the minimum time is the
 cleanest, and more, shorter rounds catch more of its quiet moments). `fast` leaves the float conversion, the
 normalisation and writing the erasing it drew to the process the
-batch lands in (`BatchTail`: on the GPU when training on one); its "charged" figure adds that step's CPU time per
+batch lands in (`BatchPostCrop`: on the GPU when training on one); its "charged" figure adds that step's CPU time per
 image to the worker's, as if one core did both. The goal is `fast` >= 2x `pil` per worker on the ImageNet-like
 files, with the same augmentation (the same draws; kernels within a stated tolerance: tests/test_pipeline.py); the
 line says PASS or FAIL.
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from t2t_course.data import create_loader
-from t2t_course.pipeline import create_pipeline, write_jpegs
+from t2t_course.pipeline import create_pipeline
+from t2t_course.testing import write_jpegs
 
 GOAL = 2.0
 
@@ -51,7 +52,7 @@ CPU_PIPES = ('pil', 'draft', 'fast')
 
 
 def batch_step_ms(pipe, batch:int) -> float:
-    "ms per image of `fast`'s batch step (`BatchTail`) in this process, best of 5, on a batch of its worker's samples."
+    "ms per image of `fast`'s batch step (`BatchPostCrop`) in this process, best of 5, on a batch of its worker's samples."
     torch.manual_seed(0)
     u8 = pipe.collate_fn([pipe.train[i % len(pipe.train)] for i in range(batch)]).images
     best = float('inf')

@@ -16,13 +16,14 @@ import torch.distributed as dist
 
 from .core import in_ipython, stdout_to_devnull
 from .models import get_variant, list_models
-from .data import BUILTIN_DATASETS, BadImageError
+from .datasets import BUILTIN_DATASETS
+from .images import BadImageError
 from .core import SetupError
 from .distributed import PeerLostError
-from .checkpoint import CheckpointWriteError, load_checkpoint_file
+from .checkpoint import CheckpointWriteError, read_checkpoint_dict
 from .evaluate import evaluate_checkpoint
 from .config import TrainConfig, recipe
-from .train import NonFiniteLossError, train
+from .loop import NonFiniteLossError, train
 
 # %% ../nbs/19_cli.ipynb #537857b0
 def parse_kv(items) -> dict:
@@ -131,7 +132,7 @@ def resume_config(cfg:TrainConfig,   # the resolved config of the command line
     if cfg.resume is None: return cfg
     path = Path(cfg.output) / 'last.pth' if cfg.resume == 'auto' else Path(cfg.resume)
     if not path.is_file(): return cfg                     # nothing to resume yet: the run starts (or refuses) as it would
-    old = load_checkpoint_file(path).get('config')
+    old = read_checkpoint_dict(path).get('config')
     if not isinstance(old, dict): return cfg              # not ours: `resume` refuses it with the reason
     known = {f.name for f in fields(TrainConfig)}
     old = {k: v for k, v in old.items() if k in known}

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .models import list_models, get_variant
-from .data import DATA_PRESETS, data_name, get_dataset, is_builtin
+from .transforms import DATA_PRESETS
+from .datasets import data_name, get_dataset, is_builtin
 from .pipeline import DEFAULT_PIPELINE, DEFAULT_PIPELINE_WHY, PIPELINES, pipelines_help
 from .core import SetupError
 from .optim import OPTIMIZERS, LR_BASE_BATCH
-from .distributed import env_int
 
 # %% ../nbs/17_config.ipynb #bfeb1e73
 PAPER_RECIPE = dict(  # the paper's ImageNet recipe, common to all variants (section 4.1 and the official README)
@@ -130,7 +130,7 @@ def resolve_config(cfg:TrainConfig) -> TrainConfig:
         if vals.get(k) is not None: continue
         if k == 'warmup_epochs' and vals['epochs'] is not None: v = min(v, vals['epochs'] / 10)
         if k == 'cooldown_epochs' and vals['epochs'] is not None: v = min(v, vals['epochs'] // 30)
-        if k == 'workers' and v: v = min(v, max(1, (os.cpu_count() or 1) // env_int('LOCAL_WORLD_SIZE', 1)))
+        if k == 'workers' and v: v = min(v, os.cpu_count() or 1)  # this machine's CPUs (a process's share: chapter 18's `loader_workers`)
         vals[k] = v
     if is_builtin(vals['data']): vals['data'] = get_dataset(vals['data']).name
     for k in ('data', 'output', 'resume', 'pretrained'):  # paths as plain strings: the config goes into checkpoints

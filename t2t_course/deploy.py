@@ -20,7 +20,7 @@ import torch.nn as nn
 from .core import in_ipython, stdout_to_devnull, to_2tuple
 from .models import checkpoint_filter_fn, create_model, list_models
 from .core import SetupError
-from .checkpoint import load_checkpoint_file
+from .checkpoint import is_run_checkpoint, read_checkpoint_dict, name_architecture_error
 from .distributed import resolve_device
 
 # %% ../nbs/24_deploy.ipynb #a93cb41a
@@ -95,8 +95,6 @@ class Predictor:
     device: torch.device
     description: str        # the model, its weights and its preprocessing, in words
 
-def _ours(ck:dict) -> bool: return isinstance(ck.get('config'), dict) and 'classes' in ck and 'state_dict' in ck
-
 # %% ../nbs/24_deploy.ipynb #6773cc3f
 def load_predictor(checkpoint,             # a t2t_train checkpoint, or an official (or other) state_dict file
                    model:str=None,         # the architecture; needed for a checkpoint that is not ours
@@ -105,8 +103,8 @@ def load_predictor(checkpoint,             # a t2t_train checkpoint, or an offic
                   ) -> Predictor:
     "A `Predictor` for a checkpoint, with its own preprocessing and class names; bad input is a one-line `SetupError`."
     from t2t_course.data import DATA_PRESETS, create_eval_transform  # loaded when predicting, not by `import t2t_course`
-    ck = load_checkpoint_file(checkpoint)
-    if _ours(ck):
+    ck = read_checkpoint_dict(checkpoint)
+    if is_run_checkpoint(ck):
         cfg, classes = ck['config'], [str(c) for c in ck['classes']]
         if model is not None and model != cfg['model']:
             raise SetupError(f"{checkpoint} was trained as {cfg['model']}: t2t_predict uses a checkpoint's own architecture; drop --model")
@@ -115,7 +113,7 @@ def load_predictor(checkpoint,             # a t2t_train checkpoint, or an offic
         kind = 't2t_train checkpoint'
     else:
         if model is None:
-            raise SetupError(f"{checkpoint} is not a t2t_train checkpoint: name its architecture with --model (e.g. t2t_vit_14)")
+            raise name_architecture_error(checkpoint)
         head = next((sd for sd in (ck.get('state_dict_ema'), ck.get('state_dict'), ck.get('model'), ck) if isinstance(sd, dict)
                      and any(k.endswith('head.weight') for k in sd)), None)
         if head is None: raise SetupError(f"{checkpoint} has no classifier head (head.weight): nothing to predict with")

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from .attention import Attention, Block, attention
 from .backbone import drop_path_rates
-from .models import T2TViT, Variant, register_variant, register_model, _create
+from .models import T2TViT, Variant, register_variant, register_model, build_variant
 
 # %% ../nbs/10_design_space.ipynb #384331ee
 register_variant(Variant('t2t_vit_14_wide', dict(tokens_type='performer', embed_dim=768, depth=4, num_heads=12, mlp_ratio=3.)))
@@ -21,7 +21,7 @@ register_variant(Variant('t2t_vit_14_wide', dict(tokens_type='performer', embed_
 @register_model
 def t2t_vit_14_wide(pretrained=False, **kwargs):
     "T2T-ViT-14-Wide: the shallow-wide twin, D 768, 4 blocks, 12 heads, MLP ratio 3 (25.2M, 5.24G MACs; no released weights)."
-    return _create('t2t_vit_14_wide', pretrained, **kwargs)
+    return build_variant('t2t_vit_14_wide', pretrained, **kwargs)
 
 # %% ../nbs/10_design_space.ipynb #74856ae1
 register_variant(Variant('t2t_vit_14_resnext', dict(tokens_type='performer', embed_dim=384, depth=14, num_heads=32, mlp_ratio=3.)))
@@ -29,7 +29,7 @@ register_variant(Variant('t2t_vit_14_resnext', dict(tokens_type='performer', emb
 @register_model
 def t2t_vit_14_resnext(pretrained=False, **kwargs):
     "T2T-ViT-14-ResNeXt: T2T-ViT-14 with 32 heads of width 12 (21.5M, 4.80G MACs; no released weights)."
-    return _create('t2t_vit_14_resnext', pretrained, **kwargs)
+    return build_variant('t2t_vit_14_resnext', pretrained, **kwargs)
 
 # %% ../nbs/10_design_space.ipynb #44ff87b7
 class SELayer(nn.Module):
@@ -69,7 +69,7 @@ register_variant(Variant('t2t_vit_14_se', dict(tokens_type='performer', embed_di
 @register_model
 def t2t_vit_14_se(pretrained=False, **kwargs):
     "T2T-ViT-14-SE: T2T-ViT-14 with a squeeze-and-excitation gate in every attention (21.8M, 4.80G MACs; no released weights)."
-    return _create('t2t_vit_14_se', pretrained, **kwargs)
+    return build_variant('t2t_vit_14_se', pretrained, **kwargs)
 
 # %% ../nbs/10_design_space.ipynb #9775d9bb
 class DenseBlock(Block):
@@ -140,7 +140,7 @@ register_variant(Variant('t2t_vit_dense', dict(tokens_type='performer', growth_r
 @register_model
 def t2t_vit_dense(pretrained=False, **kwargs):
     "T2T-ViT-Dense: dense blocks 3-6-6-4 of growth 64 from D 128 to 584, 8 heads, MLP ratio 2 (23.6M, 5.30G MACs; no released weights)."
-    return _create('t2t_vit_dense', pretrained, **kwargs)
+    return build_variant('t2t_vit_dense', pretrained, **kwargs)
 
 # %% ../nbs/10_design_space.ipynb #8fe11ba0
 def cheap_operation(channels:int) -> nn.Conv1d:
@@ -223,7 +223,7 @@ register_variant(Variant('t2t_vit_16_ghost', dict(tokens_type='performer', embed
 @register_model
 def t2t_vit_16_ghost(pretrained=False, **kwargs):
     "T2T-ViT-16-Ghost: 16 blocks of ghost attention and ghost MLP, D 384, 6 heads, MLP ratio 3 (16.3M, 3.82G MACs; no released weights)."
-    return _create('t2t_vit_16_ghost', pretrained, **kwargs)
+    return build_variant('t2t_vit_16_ghost', pretrained, **kwargs)
 
 # %% ../nbs/10_design_space.ipynb #67952c4e
 PAPER_TABLE6 = {  # the paper's Table 6, its T2T-ViT rows as printed: top-1 (%) with its printed change, params (M), MACs (G), depth

@@ -4,13 +4,13 @@
 
 # %% auto #0
 __all__ = ['VARIANTS', 'T2TViT', 'Variant', 'register_variant', 'register_model', 'list_models', 'weights_dir', 'get_variant',
-           'create_model', 't2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_19', 't2t_vit_24',
-           't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'vit_baseline', 't2t_vit_14_hard_split',
-           'vit_s_16', 'ResidualBlock', 'SmallResNet', 'resnet_baseline', 'checkpoint_state_dicts',
-           'checkpoint_filter_fn', 'read_checkpoint', 'load_checkpoint']
+           'create_model', 'variant_cfg', 'build_variant', 't2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14',
+           't2t_vit_19', 't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'vit_baseline',
+           't2t_vit_14_hard_split', 'vit_s_16', 'ResidualBlock', 'SmallResNet', 'resnet_baseline',
+           'checkpoint_state_dicts', 'checkpoint_filter_fn', 'load_checkpoint']
 
 # %% ../nbs/08_models.ipynb #37403936
-import argparse, difflib, fnmatch, inspect, math, os, re, warnings
+import difflib, fnmatch, inspect, math, os, re, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -157,7 +157,7 @@ def _first_conv(v:Variant, **kwargs):
     layer, tokens_type = 'tokens_to_token.attention1', kwargs.get('tokens_type', v.arch.get('tokens_type', 'performer'))
     return (f'{layer}.norm1', f'{layer}.kqv' if tokens_type == 'performer' else f'{layer}.attn.qkv')
 
-def _cfg(v:Variant, **kwargs) -> dict:
+def variant_cfg(v:Variant, **kwargs) -> dict:
     "The timm-style `default_cfg` of variant `v` built with the overrides `kwargs` (timm's field names)."
     in_chans, img_size = kwargs.get('in_chans', v.arch.get('in_chans', 3)), kwargs.get('img_size', v.img_size)
     num_classes = kwargs.get('num_classes', v.arch.get('num_classes', 1000))
@@ -167,11 +167,11 @@ def _cfg(v:Variant, **kwargs) -> dict:
                 first_conv=_first_conv(v, **kwargs), classifier='head', license='bsd-3-clause-clear' if v.file else 'apache-2.0',
                 paper_ids='arXiv:2101.11986', origin_url='https://github.com/yitu-opensource/T2T-ViT')
 
-def _create(name:str, pretrained=False, **kwargs) -> nn.Module:
+def build_variant(name:str, pretrained=False, **kwargs) -> nn.Module:
     "Build the registered variant `name`, `kwargs` overriding its architecture, with weights if `pretrained`."
     v = get_variant(name)
     model = v.model_cls(**(dict(img_size=v.img_size) | v.arch | kwargs))
-    model.default_cfg = _cfg(v, **kwargs)
+    model.default_cfg = variant_cfg(v, **kwargs)
     if pretrained:
         if pretrained is True and v.file is None:
             raise ValueError(f"{name} has no released weights (its default_cfg has file=None): pass pretrained=<a checkpoint path>")
@@ -187,52 +187,52 @@ def _create(name:str, pretrained=False, **kwargs) -> nn.Module:
 @register_model
 def t2t_vit_7(pretrained=False, **kwargs):
     "T2T-ViT-7: performer T2T layers, D 256, 7 blocks, 4 heads, MLP ratio 2 (4.3M, 1.16G MACs, 71.7%)."
-    return _create('t2t_vit_7', pretrained, **kwargs)
+    return build_variant('t2t_vit_7', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_10(pretrained=False, **kwargs):
     "T2T-ViT-10: performer, D 256, 10 blocks, 4 heads, MLP ratio 2 (5.9M, 1.53G, 75.2%)."
-    return _create('t2t_vit_10', pretrained, **kwargs)
+    return build_variant('t2t_vit_10', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_12(pretrained=False, **kwargs):
     "T2T-ViT-12: performer, D 256, 12 blocks, 4 heads, MLP ratio 2 (6.9M, 1.78G, 76.5%)."
-    return _create('t2t_vit_12', pretrained, **kwargs)
+    return build_variant('t2t_vit_12', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_14(pretrained=False, **kwargs):
     "T2T-ViT-14: performer, D 384, 14 blocks, 6 heads, MLP ratio 3 (21.5M, 4.80G, 81.5%)."
-    return _create('t2t_vit_14', pretrained, **kwargs)
+    return build_variant('t2t_vit_14', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_19(pretrained=False, **kwargs):
     "T2T-ViT-19: performer, D 448, 19 blocks, 7 heads, MLP ratio 3 (39.2M, 8.50G, 81.9%)."
-    return _create('t2t_vit_19', pretrained, **kwargs)
+    return build_variant('t2t_vit_19', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_24(pretrained=False, **kwargs):
     "T2T-ViT-24: performer, D 512, 24 blocks, 8 heads, MLP ratio 3 (64.1M, 13.69G, 82.3%)."
-    return _create('t2t_vit_24', pretrained, **kwargs)
+    return build_variant('t2t_vit_24', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_t_14(pretrained=False, **kwargs):
     "T2T-ViT-t-14: transformer T2T layers, D 384, 14 blocks, 6 heads, MLP ratio 3 (21.5M, 6.11G, 81.7%)."
-    return _create('t2t_vit_t_14', pretrained, **kwargs)
+    return build_variant('t2t_vit_t_14', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_t_19(pretrained=False, **kwargs):
     "T2T-ViT-t-19: transformer, D 448, 19 blocks, 7 heads, MLP ratio 3 (39.2M, 9.81G, 82.4%)."
-    return _create('t2t_vit_t_19', pretrained, **kwargs)
+    return build_variant('t2t_vit_t_19', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_t_24(pretrained=False, **kwargs):
     "T2T-ViT-t-24: transformer, D 512, 24 blocks, 8 heads, MLP ratio 3 (64.1M, 15.00G, 82.6%)."
-    return _create('t2t_vit_t_24', pretrained, **kwargs)
+    return build_variant('t2t_vit_t_24', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_14_384(pretrained=False, **kwargs):
     "T2T-ViT-14 built for 384 px (21.7M, 16.42G, 83.3%)."
-    return _create('t2t_vit_14_384', pretrained, **kwargs)
+    return build_variant('t2t_vit_14_384', pretrained, **kwargs)
 
 # %% ../nbs/08_models.ipynb #1aac08de
 for _v in [
@@ -246,17 +246,17 @@ for _v in [
 @register_model
 def vit_baseline(pretrained=False, **kwargs):
     "ViT in the DeiT-S shape: hard split, learned positions, 384 x 12, MLP ratio 4 (22.1M, 4.61G); no released weights here."
-    return _create('vit_baseline', pretrained, **kwargs)
+    return build_variant('vit_baseline', pretrained, **kwargs)
 
 @register_model
 def t2t_vit_14_hard_split(pretrained=False, **kwargs):
     "T2T-ViT-14's backbone (384 x 14, MLP ratio 3, sinusoid) on a hard split of 16 x 16 patches; no released weights."
-    return _create('t2t_vit_14_hard_split', pretrained, **kwargs)
+    return build_variant('t2t_vit_14_hard_split', pretrained, **kwargs)
 
 @register_model
 def vit_s_16(pretrained=False, **kwargs):
     "The paper's ViT-S/16: hard split, learned positions, 768 x 8, 8 heads, MLP ratio 3 (48.8M, 9.90G; the paper: 48.6M, 10.1G, 78.1%)."
-    return _create('vit_s_16', pretrained, **kwargs)
+    return build_variant('vit_s_16', pretrained, **kwargs)
 
 # %% ../nbs/08_models.ipynb #8ce7c59f
 class ResidualBlock(nn.Module):
@@ -311,7 +311,7 @@ register_variant(Variant('resnet_baseline', dict(widths=(16, 32, 64, 128), layer
 @register_model
 def resnet_baseline(pretrained=False, **kwargs):
     "A small ResNet (16-32-64-128 channels, one residual block a stage: 0.31M at 10 classes): the CNN of the experiments."
-    return _create('resnet_baseline', pretrained, **kwargs)
+    return build_variant('resnet_baseline', pretrained, **kwargs)
 
 # %% ../nbs/08_models.ipynb #b4b65b23
 def checkpoint_state_dicts(checkpoint:dict) -> dict:
@@ -389,41 +389,9 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
         raise ValueError('\n'.join(lines))
     return sd
 
-# %% ../nbs/08_models.ipynb #a2273133
+# %% ../nbs/08_models.ipynb #7acdf1e8
 from .core import CheckpointError  # chapter 00's (still importable from here)
-
-def _why_unreadable(e:Exception) -> str:
-    "What is wrong with a file `torch.load(weights_only=True)` failed on, in a few words."
-    msg = str(e)
-    found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', msg)
-    if found:  # a real pickle of objects other than tensors and plain data
-        return (f"it holds a pickled {found.group(1)}, not only tensors and plain data (it is read with "
-                f"torch.load(weights_only=True), which runs no pickled code): save NumPy values as tensors or Python numbers")
-    blocked = re.search(r'unsupported GLOBAL ([\w.]+) whose module', msg)
-    if blocked or ('Weights only load failed' in msg and re.search(r'(?i)\bglobal\b', msg)):  # code or objects in the pickle
-        name = f" ({blocked.group(1)})" if blocked else ''
-        return (f"it holds pickled code or objects{name} that are refused: it is read with torch.load(weights_only=True), "
-                f"which loads only tensors and plain data and runs nothing in the file")
-    why = re.search(r'WeightsUnpickler error:\s*([^\n]+)', msg)  # the reason may start on the next line
-    first = (why.group(1) if why else (msg.strip().splitlines() or [''])[0]).split('. ')[0][:120]  # its first sentence
-    return (f"not a PyTorch checkpoint, or a truncated or damaged one ({type(e).__name__}{': ' + first if first else ''}); "
-            f"expected a file written by torch.save")
-
-def read_checkpoint(path,                 # a checkpoint file
-                    map_location='cpu',   # where to put the tensors
-                    what:str='checkpoint' # what the file is for, in the messages
-                   ) -> dict:
-    "Read a checkpoint file with `weights_only=True` (tensors and plain data; the official files' Namespace allowed)."
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no {what} file at {path}")
-    if path.stat().st_size == 0: raise CheckpointError(f"{what} file {path} is empty (0 bytes): an interrupted copy or download?")
-    try:
-        if hasattr(torch.serialization, 'safe_globals'):
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                return torch.load(path, map_location=map_location, weights_only=True)
-        if hasattr(torch.serialization, 'add_safe_globals'): torch.serialization.add_safe_globals([argparse.Namespace])
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e: raise CheckpointError(f"cannot read {what} {path}: {_why_unreadable(e)}") from None
+from .safe_load import read_checkpoint
 
 def load_checkpoint(model:nn.Module,     # the model to load into
                     path,                # a checkpoint file (official .pth.tar, ours, or a bare state_dict)

@@ -13,7 +13,7 @@ import torch.nn as nn
 import timm
 from timm.models import PretrainedCfg, generate_default_cfgs, is_model, model_entrypoint, register_model
 
-from .models import _cfg, create_model, get_variant, list_models, load_checkpoint, weights_dir
+from .models import variant_cfg, create_model, get_variant, list_models, load_checkpoint, weights_dir
 from .performer import TokenPerformer
 
 def _from_timm(name:str, *modules:str):
@@ -28,7 +28,7 @@ _TIMM_FIELDS = {f.name for f in dataclasses.fields(PretrainedCfg)}
 
 def timm_cfg(name:str) -> dict:
     "The pretrained cfg timm's registry keeps for `name`: its `default_cfg` at the variant's defaults, in timm's fields."
-    cfg = _cfg(get_variant(name))
+    cfg = variant_cfg(get_variant(name))
     notes = (f"ImageNet top-1 {cfg['top1']}% (the official release)",) if cfg['top1'] else None
     return {k: v for k, v in cfg.items() if k in _TIMM_FIELDS} | dict(notes=notes)
 

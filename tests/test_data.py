@@ -1,4 +1,4 @@
-"""Tests of `t2t_course.data` (chapter 10): decoding odd and broken files, folder scanning, skipping bad images
+"""Tests of `t2t_course.data` (chapter 11): decoding odd and broken files, folder scanning, skipping bad images
 through worker processes, the recipe transforms, MixUp/CutMix and the loss, the embedded digits folder (also with
 two processes at once), and the ILSVRC2012 validation reorganiser in all label formats, as a function and a CLI.
 
@@ -17,6 +17,7 @@ from torchvision.transforms import v2
 
 from t2t_course.core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 import t2t_course.data as data
+import t2t_course.datasets as datasets  # the built-in datasets' module (chapter 11)
 from t2t_course.data import (BadImageError, BadImageLog, BadSample, DATA_PRESETS, FOLDER_MARKER, ImageFolderDataset,
                              MixupCutmix, collate_skip_bad, create_datasets, create_eval_transform, create_loader,
                              create_loss, create_train_transform, digits_folder, load_rgb, prepare_imagenet_val,
@@ -411,7 +412,7 @@ def test_digits_folder(tmp_path, monkeypatch):
 
 def test_digits_folder_lost_race(tmp_path, monkeypatch):
     "Another process publishes its copy while we write ours: our rename fails, we use theirs and leave no temp folder."
-    real = data._write_digits
+    real = datasets._write_digits
     def write_and_lose(folder, *a, **kw):
         counts = real(folder, *a, **kw)
         theirs = tmp_path / 'theirs'
@@ -420,7 +421,7 @@ def test_digits_folder_lost_race(tmp_path, monkeypatch):
         os.rename(theirs, tmp_path / 'digits')  # the other process wins
         (tmp_path / 'digits' / 'winner').write_text('theirs')
         return counts
-    monkeypatch.setattr(data, '_write_digits', write_and_lose)
+    monkeypatch.setattr(datasets, '_write_digits', write_and_lose)
     root = digits_folder(tmp_path)
     assert (root / 'winner').read_text() == 'theirs'
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith('.digits-')] == []

@@ -17,7 +17,7 @@ import t2t_course
 from t2t_course import create_model, list_models, T2TViT
 from t2t_course.core import set_fast_paths
 from t2t_course.backbone import count_macs, get_sinusoid_encoding
-from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, _create,
+from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, build_variant,
                                checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir)
 
 REF = Path(__file__).resolve().parents[1] / 'reference'
@@ -130,7 +130,7 @@ def design_variant():
     arch = {k: v for k, v in TINY.items() if k != 'img_size'} | dict(tokens_type='transformer', token_scale=0.5)
     register_variant(Variant('t2t_vit_test_half', arch, img_size=64,
                              recipe=dict(lr=1e-4), model_cls=HalfTokens))
-    def t2t_vit_test_half(pretrained=False, **kwargs): return _create('t2t_vit_test_half', pretrained, **kwargs)
+    def t2t_vit_test_half(pretrained=False, **kwargs): return build_variant('t2t_vit_test_half', pretrained, **kwargs)
     register_model(t2t_vit_test_half)
     yield 't2t_vit_test_half'
     from t2t_course import models

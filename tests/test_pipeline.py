@@ -15,11 +15,12 @@ from scipy import stats
 from torchvision.transforms import RandomResizedCrop as RRC_v1, v2
 
 from t2t_course.data import BadImageError, ImageFolderDataset, create_eval_transform, create_loader, create_train_transform, load_rgb, mean_fill
-from t2t_course.pipeline import (PIPELINES, BatchTail, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
-                                 DraftResize, DraftTail, FastCrop, FastRandAugment, FastTail, LeanRandAugment, Normalize,
-                                 TailLoader, collate_encoded, collate_uint8, create_pipeline, dct_scale,
-                                 decode_images, erase_params, jpeg_header, make_photo, open_drafted, pil_vertical_first,
-                                 resize_uint8, rrc_box, read_encoded, sharpness_rgb, shear_bicubic, write_jpegs)
+from t2t_course.pipeline import (PIPELINES, BatchPostCrop, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
+                                 DraftResize, DraftPostCrop, FastCrop, PILRandAugment, FastPostCrop, KernelRandAugment, Normalize,
+                                 BatchTransformLoader, collate_encoded, collate_uint8, create_pipeline, dct_scale,
+                                 decode_images, erase_params, jpeg_header, open_drafted, pil_vertical_first,
+                                 resize_uint8, rrc_box, read_encoded, sharpness_rgb, shear_bicubic)
+from t2t_course.testing import make_photo, write_jpegs
 from t2t_course.cli import build_parser, main
 from t2t_course.distributed import EpochSampler, SeededDataset
 from t2t_course.evaluate import close_loader
@@ -119,7 +120,7 @@ def test_open_drafted_sizes_and_formats(files):
 @pytest.mark.parametrize('name', ['photo.JPEG', 'photo.png', 'cmyk.jpg', 'gray16.png', 'palette.png', 'png_named.JPEG'])
 def test_draft_is_pil_where_the_scale_is_1(files, name):
     "Train and eval samples equal chapter 11's bit for bit: the full recipe at 20 seeds (odd files through load_rgb's robust path)."
-    whole, tail, crop = create_train_transform(224), DraftTail(), DraftCrop(224)
+    whole, tail, crop = create_train_transform(224), DraftPostCrop(), DraftCrop(224)
     for seed in range(20):
         torch.manual_seed(seed); a = whole(load_rgb(files / name))
         torch.manual_seed(seed); b = tail(crop(files / name))
@@ -142,7 +143,7 @@ def test_draft_at_a_coarser_scale_is_close_to_the_full_decode(files):
 
 def test_fast_randaugment_is_torchvisions():
     img = Image.fromarray(make_photo(224, 224))
-    ours, theirs = FastRandAugment(2, 9, 11, fill=mean_fill()), v2.RandAugment(2, 9, 11, v2.InterpolationMode.BICUBIC, list(mean_fill()))
+    ours, theirs = PILRandAugment(2, 9, 11, fill=mean_fill()), v2.RandAugment(2, 9, 11, v2.InterpolationMode.BICUBIC, list(mean_fill()))
     for seed in range(150):
         torch.manual_seed(seed); a = theirs(img)
         torch.manual_seed(seed); b = ours(img)
@@ -150,7 +151,7 @@ def test_fast_randaugment_is_torchvisions():
 
 
 def test_draft_train_samples_are_reproducible_per_seed(files):
-    crop, tail = DraftCrop(64, interpolation='random'), DraftTail(interpolation='random')
+    crop, tail = DraftCrop(64, interpolation='random'), DraftPostCrop(interpolation='random')
     torch.manual_seed(3); a = tail(crop(files / 'big.JPEG'))
     torch.manual_seed(3); b = tail(crop(files / 'big.JPEG'))
     assert torch.equal(a, b) and a.shape == (3, 64, 64)
@@ -163,7 +164,7 @@ STD255 = torch.tensor((0.229, 0.224, 0.225)).view(3, 1, 1) * 255  # normalised u
 def test_lean_randaugment_is_torchvisions_bit_for_bit():
     "Whole RandAugment ops at 300 seeds, on a photo and on noise (where rounding slips would show): the shears included."
     fill = list(mean_fill())
-    theirs, ours = v2.RandAugment(2, 9, 11, v2.InterpolationMode.BICUBIC, fill), LeanRandAugment(2, 9, 11, fill=mean_fill())
+    theirs, ours = v2.RandAugment(2, 9, 11, v2.InterpolationMode.BICUBIC, fill), KernelRandAugment(2, 9, 11, fill=mean_fill())
     noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 100, 3), dtype=np.uint8))
     for img in (Image.fromarray(make_photo(224, 224)), noise):
         for seed in range(150):
@@ -175,15 +176,15 @@ def test_lean_randaugment_is_torchvisions_bit_for_bit():
 @pytest.mark.parametrize('m', [0.27, -0.27, 0.05, -0.3])
 def test_shear_bicubic_is_pils(m):
     "Against PIL's own affine (as torchvision calls it): the same bytes, either axis, odd sizes; non-RGB falls back to PIL."
-    from t2t_course.pipeline import _shear
+    from t2t_course.pipeline import pil_shear
     rng = np.random.default_rng(1)
     for H, W in [(224, 224), (37, 100), (5, 3)]:
         img = Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8))
         for x in (True, False):
-            ref = _shear(img, m, x, v2.InterpolationMode.BICUBIC, [124, 116, 104])
+            ref = pil_shear(img, m, x, v2.InterpolationMode.BICUBIC, [124, 116, 104])
             assert np.array_equal(np.asarray(shear_bicubic(img, m, x, (124, 116, 104))), np.asarray(ref)), (H, W, x)
     gray = Image.fromarray(rng.integers(0, 256, (30, 40), dtype=np.uint8))
-    assert np.array_equal(np.asarray(shear_bicubic(gray, m, True, (7,))), np.asarray(_shear(gray, m, True, v2.InterpolationMode.BICUBIC, [7])))
+    assert np.array_equal(np.asarray(shear_bicubic(gray, m, True, (7,))), np.asarray(pil_shear(gray, m, True, v2.InterpolationMode.BICUBIC, [7])))
 
 
 def test_sharpness_rgb_is_pils():
@@ -249,8 +250,8 @@ def test_fast_crop_names_bad_files(files):
 
 
 def test_fast_sample_is_pils_at_the_same_seed(files):
-    "The whole training sample through FastCrop, FastTail and BatchTail against chapter 11's transform: pil's draws (erasing included), pil's pixels within the resize's rounding."
-    pil_tf, fc, ft, bt = create_train_transform(224), FastCrop(224), FastTail(), BatchTail()
+    "The whole training sample through FastCrop, FastPostCrop and BatchPostCrop against chapter 11's transform: pil's draws (erasing included), pil's pixels within the resize's rounding."
+    pil_tf, fc, ft, bt = create_train_transform(224), FastCrop(224), FastPostCrop(), BatchPostCrop()
     diffs, erased = [], 0
     for seed in range(40):
         f = files / ('photo.JPEG' if seed % 2 else 'photo.png')  # the scale is 1: pil's decode
@@ -282,7 +283,7 @@ def test_batch_tail_is_to_dtype_normalize_and_erase():
     fill, const = torch.randn(3, 5, 7), torch.zeros(1, 1, 1)
     b = collate_uint8([((x[0], None), 0), ((x[1], (2, 3, 5, 7, fill)), 1), ((x[2], (0, 1, 4, 2, const)), 2)]).images
     assert b.noise.shape == (3 * 5 * 7 + 1,)  # the fills in one tensor
-    out = BatchTail()(b)
+    out = BatchPostCrop()(b)
     ref = v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))(x.permute(0, 3, 1, 2).float() / 255)
     ref[1, :, 2:7, 3:10] = fill; ref[2, :, 0:4, 1:3] = 0
     assert out.shape == (3, 3, 20, 30) and torch.allclose(out, ref, atol=1e-6)
@@ -292,8 +293,8 @@ def test_fast_loader_repeats_and_skips(files, tmp_path):
     "Two epochs at the same seed through a worker process: the same batches; bad files skipped and named; eval within the resize of draft's."
     root = write_jpegs(tmp_path / 'train', 10, (90, 120))
     for n in ('cmyk.jpg', 'png_named.JPEG', 'gray16.png', 'text.jpg', 'truncated.jpg'): shutil.copy(files / n, root / 'n01' / n)
-    ds = ImageFolderDataset(root, FastTail(), skip_bad_images=True, loader=FastCrop(48))
-    dl = TailLoader(create_loader(ds, 4, num_workers=1, collate_fn=collate_uint8), BatchTail(), 'cpu')
+    ds = ImageFolderDataset(root, FastPostCrop(), skip_bad_images=True, loader=FastCrop(48))
+    dl = BatchTransformLoader(create_loader(ds, 4, num_workers=1, collate_fn=collate_uint8), BatchPostCrop(), 'cpu')
     def epoch():
         torch.manual_seed(0); return list(dl)
     a, b = epoch(), epoch()
@@ -482,12 +483,12 @@ def test_t2t_train_gpu_pipeline_on_cuda(files, tmp_path):
 
 @pytest.mark.cuda
 def test_fast_batch_step_on_cuda_is_the_cpu_one(files):
-    "BatchTail where the batch lands on a GPU: the CPU's result, the erasing noise included."
-    fc, ft = FastCrop(64), FastTail(re_prob=1.)
+    "BatchPostCrop where the batch lands on a GPU: the CPU's result, the erasing noise included."
+    fc, ft = FastCrop(64), FastPostCrop(re_prob=1.)
     torch.manual_seed(0)
     b = collate_uint8([(ft(fc(files / 'photo.JPEG')), 0) for _ in range(4)]).images
-    cpu = BatchTail()(b)
-    cuda = BatchTail()(type(b)(b.pixels.cuda(), b.erase, b.noise.cuda()))
+    cpu = BatchPostCrop()(b)
+    cuda = BatchPostCrop()(type(b)(b.pixels.cuda(), b.erase, b.noise.cuda()))
     assert cuda.device.type == 'cuda' and torch.allclose(cuda.cpu(), cpu, atol=1e-6)
 
 

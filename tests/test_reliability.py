@@ -206,7 +206,7 @@ def test_resume_takes_the_checkpoints_settings(case, tmp_path):
     "`--resume auto` with flags left out keeps the checkpoint's settings; a given flag that changes one is noted."
     from test_train import TINY_ARGS, call, make_folder
     from t2t_course.cli import main
-    from t2t_course.checkpoint import load_checkpoint_file
+    from t2t_course.checkpoint import read_checkpoint_dict
     data, out = make_folder(tmp_path / 'data', n_train=8, n_val=2), tmp_path / 'run'
     first = ['--data', str(data), *TINY_ARGS, '-b', '8', '--workers', '0', '--output', str(out), '--epochs', '1']
     code, _, err = call(main, [*first, '--weight-decay', '0.2', '--smoothing', '0.2', '--seed', '3', '--pipeline', 'pil'])
@@ -214,7 +214,7 @@ def test_resume_takes_the_checkpoints_settings(case, tmp_path):
     again = ['--data', str(data), '--output', str(out), '--resume', 'auto', '--epochs', '2', '--no-progress', '--workers', '0']
     if case == 'flags forgotten':
         code, stdout, err = call(main, again)
-        cfg = load_checkpoint_file(out / 'last.pth')['config']
+        cfg = read_checkpoint_dict(out / 'last.pth')['config']
         assert code == 0, err
         assert (cfg['weight_decay'], cfg['smoothing'], cfg['seed'], cfg['pipeline'], cfg['epochs']) == (0.2, 0.2, 3, 'pil', 2)
         assert cfg['model_kwargs'] == {'embed_dim': 32, 'depth': 1, 'num_heads': 2, 'mlp_ratio': 2.0, 'token_dim': 16}
@@ -223,7 +223,7 @@ def test_resume_takes_the_checkpoints_settings(case, tmp_path):
     elif case == 'a flag changed':
         code, stdout, err = call(main, [*again, '--weight-decay', '0.05'])
         assert code == 0, err
-        assert 'weight_decay 0.2 -> 0.05' in stdout and load_checkpoint_file(out / 'last.pth')['config']['weight_decay'] == 0.05
+        assert 'weight_decay 0.2 -> 0.05' in stdout and read_checkpoint_dict(out / 'last.pth')['config']['weight_decay'] == 0.05
     elif case == 'architecture changed':
         code, _, err = call(main, [*again, '--img-size', '32'])
         assert code == 2 and 'cannot resume' in err and 'img_size' in err and 'Traceback' not in err, err

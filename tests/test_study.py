@@ -14,7 +14,7 @@ from t2t_course.cli import main
 from t2t_course.config import TrainConfig
 from t2t_course.data import ImageFolderDataset, cluttered_digits_folder, cluttered_tune_folder
 from t2t_course.models import create_model
-from t2t_course.study import (CLAIMS, GRIDS, FAMILY_LR, budget_table, claim_table, family_table, interpolate, family_curve,
+from t2t_course.study import (CLAIMS, EPOCHS, GRIDS, FAMILY_LR, TUNE_EPOCHS, WARMUP, budget_table, claim_table, family_table, interpolate, family_curve,
                               read_results, seeds_to_settle, study_main, summarize, t_interval, verdict)
 
 
@@ -57,7 +57,9 @@ def test_the_claims_grid_has_families_whose_ranges_overlap():
     assert abs(rows['wide']['macs'] / ref['macs'] - 1) < .1
     assert all(sm.train_args[:2] == ('--lr', f"{FAMILY_LR[sm.family or 'T2T-ViT']:g}") for sm in models.values())
     assert GRIDS['claims']['seeds'] == (0, 1, 2, 3, 4) and GRIDS['tune']['data'] == 'cluttered_digits_tune'
-    assert GRIDS['tune']['epochs'] == GRIDS['claims']['epochs']
+    # the tune grid ran once, short (5 epochs, half an epoch of warm-up); the claims grid trains until the curves flatten
+    assert (GRIDS['tune']['epochs'], GRIDS['claims']['epochs']) == (TUNE_EPOCHS, EPOCHS) and TUNE_EPOCHS < EPOCHS
+    assert all(sm.train_args[2:4] == WARMUP for sm in models.values())
 
 
 def _rows(label, accs, family='', macs=1, params=1):

@@ -206,13 +206,15 @@ def library_names():
         path = ROOT / (next(iter(syms.values()))[1] if syms else mod.replace('.', '/') + '.py')
         if not path.exists(): continue
         text = path.read_text(encoding='utf-8')
-        m = re.search(r'File to edit: \.\./nbs/([\w.-]+)\.ipynb', text)
-        if not m: continue
-        stem = m[1]
+        if not re.search(r'File to edit: \.\./nbs/[\w./-]+\.ipynb', text): continue
         lines, marks = text.splitlines(), []
         for i, l in enumerate(lines, 1):
             mm = _re_marker.match(l)
             if mm: marks.append((i, mm['nb'], mm['id']))
+        # the chapter whose cells fill the module (a module declared in nbs/modules/ is written by one chapter's cells)
+        chapters = [nb for _, nb, _ in marks]
+        if not chapters: continue
+        stem = max(sorted(set(chapters)), key=chapters.count)
         where = {}
         for node in ast.parse(text).body:
             names = []
