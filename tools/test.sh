@@ -5,8 +5,9 @@
 #      website with the docs extra's Jupyter Book);
 #   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
 #      library out of sync with them);
-#   3. run the notebooks as tests (nbdev_test), then pytest, ending on pytest's summary line.
-# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv).
+#   3. run the notebooks as tests (nbdev_test), then pytest on two processes (PYTEST_WORKERS), ending on pytest's
+#      summary line.
+# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv), PYTEST_WORKERS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,5 +44,6 @@ fi
 echo "== nbdev_test (skips cells flagged: $(sed -n 's/^tst_flags *= *//p' settings.ini))"
 nbdev_test --timing
 
-echo "== pytest"
-python -m pytest -q tests
+PYTEST_WORKERS=${PYTEST_WORKERS:-2}
+echo "== pytest on $PYTEST_WORKERS worker processes (pytest-xdist; PYTEST_WORKERS=1 for one process)"
+if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -n "$PYTEST_WORKERS" tests; else python -m pytest -q tests; fi
