@@ -6,17 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from test_train import PY, REPO, run
-from t2t_course.study import read_results
+from test_train import PY, REPO, call
+from t2t_course.study import read_results, study_main
 
 ONE = ['--quick', '--models', 'vit_48', '--seeds', '0', '--no-progress']   # one run of a few seconds
 
 
-def study(out, *extra, timeout=300, cwd=REPO):
-    p = subprocess.run([PY, '-m', 't2t_course.study', '--output', str(out), *ONE, *extra], cwd=cwd, capture_output=True,
-                       text=True, timeout=timeout, env=dict(os.environ, PYTHONWARNINGS='ignore'))
-    assert 'Traceback' not in p.stderr, p.stderr[-3000:]
-    return p
+def study(out, *extra, cwd=None):
+    """t2t_study's entry point called in this process (a process of its own costs about 9 s of imports; the signal cases
+    start one); the CompletedProcess-like result. An exception escaping the command (a traceback in a shell) fails the
+    test; `cwd` runs it from another working directory."""
+    with pytest.MonkeyPatch.context() as mp:
+        if cwd is not None: mp.chdir(cwd)
+        code, out_, err = call(study_main, ['--output', str(out), *ONE, *extra])
+    return subprocess.CompletedProcess([], code, out_, err)
 
 
 def _children(marker:str) -> list:
@@ -48,6 +51,7 @@ def test_study_signals(tmp_path, sig):
     assert _wait_for(lambda: not _children(str(out)), 30), "a t2t_train run outlived its study"
     assert not (out / 'vit_64').exists()                                        # the queued run never started
     if sig != signal.SIGKILL: assert 'continue with --resume' in err and 'Traceback' not in err
+    if sig == signal.SIGINT: return          # stops as SIGTERM does (one handler): its resume is SIGTERM's
     p2 = study(out, '--resume', '--models', 'vit_48', 'vit_64')
     assert p2.returncode == 0, p2.stderr[-2000:]
     assert {r['model'] for r in read_results(out / 'results.csv')} == {'vit_48', 'vit_64'}
