@@ -1,8 +1,7 @@
 """t2t_study under faults (chapter 20), one test per kind, as the training command's fault tests: signals (one stops the
 grid, its children die with it even on SIGKILL), a second study on the same folder, damaged results.csv files, paths
 the OS refuses, a copied study, any selection of models. Each case runs one or two small runs of the quick grid."""
-import csv, os, shutil, signal, subprocess, sys, time
-from pathlib import Path
+import os, shutil, signal, subprocess, time
 
 import pytest
 
