@@ -8,15 +8,12 @@ __all__ = ['CHANNEL_COLUMNS', 'channel_stats', 'dead_channels', 'attention_weigh
            'channel_table']
 
 # %% ../nbs/21_visualise.ipynb #1d6c28da
-import json, math
+import json
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from .core import to_2tuple
 from .models import SmallResNet, create_model
 
 # %% ../nbs/21_visualise.ipynb #a8839d2e
