@@ -983,5 +983,6 @@ d = { 'settings': { 'branch': 'main',
                                       't2t_course.visualise.layer_maps': ('visualise.html#layer_maps', 't2t_course/visualise.py'),
                                       't2t_course.visualise.performer_weights': ( 'visualise.html#performer_weights',
                                                                                   't2t_course/visualise.py'),
+                                      't2t_course.visualise.probe_batch': ('visualise.html#probe_batch', 't2t_course/visualise.py'),
                                       't2t_course.visualise.run_model': ('visualise.html#run_model', 't2t_course/visualise.py'),
                                       't2t_course.visualise.t2t_layer_maps': ('visualise.html#t2t_layer_maps', 't2t_course/visualise.py')}}}

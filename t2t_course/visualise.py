@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['CHANNEL_COLUMNS', 'channel_stats', 'dead_channels', 'attention_weights', 'performer_weights', 'capture_attention',
-           'attention_rollout', 't2t_layer_maps', 'block_maps', 'layer_maps', 'run_model', 'channel_rows',
-           'channel_table']
+           'attention_rollout', 't2t_layer_maps', 'block_maps', 'layer_maps', 'probe_batch', 'run_model',
+           'channel_rows', 'channel_table']
 
 # %% ../nbs/21_visualise.ipynb #1d6c28da
 import json
@@ -126,6 +126,17 @@ def layer_maps(model:nn.Module, x:torch.Tensor) -> dict:
     if hasattr(model, 'tokens_to_token'): maps.update(zip(['T2T layer 1', 'T2T layer 2'], t2t_layer_maps(model, x)))
     maps.update({f'block {i + 1}': m for i, m in enumerate(block_maps(model, x))})
     return maps
+
+# %% ../nbs/21_visualise.ipynb #e5ad937b
+def probe_batch(ds,                       # an `ImageFolderDataset` (with its eval transform)
+                per_class:int=26          # images of each class
+               ) -> tuple:                # ((per_class * classes, C, H, W) images, their labels)
+    "A fixed batch of `ds`: `per_class` images of each class spread evenly over its files, one of each class at a time."
+    by_class = {}
+    for i, (_, y) in enumerate(ds.samples): by_class.setdefault(y, []).append(i)
+    if min(map(len, by_class.values())) < per_class: raise ValueError(f"a class of {ds.root} has fewer than {per_class} images")
+    picks = [idx[k * len(idx) // per_class] for k in range(per_class) for _, idx in sorted(by_class.items())]
+    return torch.stack([ds[i][0] for i in picks]), torch.tensor([ds.samples[i][1] for i in picks])
 
 # %% ../nbs/21_visualise.ipynb #ae5b1df3
 CHANNEL_COLUMNS = ['model', 'family', 'seed', 'width', 'layer', 'depth', 'channels', 'near_zero', 'flat',
