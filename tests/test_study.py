@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_train import call, run
+from test_train import REPO, call, run
 from t2t_course.cli import main
 from t2t_course.config import TrainConfig
 from t2t_course.data import ImageFolderDataset, cluttered_digits_folder, cluttered_tune_folder
@@ -118,6 +118,27 @@ def test_t2t_study_quick_writes_results_resumes_and_reproduces(tmp_path):
     assert code == 0 and len(read_results(out / 'results.csv')) == len(rows), err[-2000:]       # nothing left to run
     code, _, err = call(study_main, ['--quick', '--output', str(out), '--no-progress'])
     assert code == 2 and 'already holds a study' in err
+    progress = _study_progress()   # kept in a repository folder, restored into a new study, continued with nothing to run
+    keep, new = tmp_path / 'kept', tmp_path / 'continued'
+    progress.save(out, keep)
+    assert (keep / 'results.csv').read_text() == (out / 'results.csv').read_text()
+    channels = list(csv.DictReader(open(keep / 'channels.csv')))
+    assert {(c['model'], int(c['seed'])) for c in channels} == {(r['model'], r['seed']) for r in rows if r['family']}
+    assert sorted(f.name for f in (keep / 'checkpoints').iterdir()) == ['t2t_64_seed0.pth', 'vit_64_seed0.pth']
+    progress.save(out, keep)                                                      # again: nothing new, nothing doubled
+    assert len(list(csv.DictReader(open(keep / 'channels.csv')))) == len(channels)
+    progress.restore(keep, new)
+    with pytest.raises(SystemExit, match='already holds a results.csv'): progress.restore(keep, new)
+    code, _, err = call(study_main, ['--quick', '--output', str(new), '--resume', '--no-progress'])
+    assert code == 0 and (new / 'results.csv').read_text() == (out / 'results.csv').read_text(), err[-2000:]
+
+
+def _study_progress():
+    "tools/study_progress.py as a module."
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('study_progress', REPO / 'tools' / 'study_progress.py')
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    return mod
 
 
 def test_t2t_study_plans_the_imagenet_grid():
