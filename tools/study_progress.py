@@ -20,7 +20,7 @@ DRAWN = ('resnet_16', 'vit_64', 't2t_64')   # chapter 21's three models, seed 0
 
 def save(study:Path, dest:Path) -> None:
     import torch
-    from t2t_course.datasets import data_root
+    from t2t_course.datasets import data_root, get_dataset, is_builtin
     from t2t_course.study import read_results, write_results
     from t2t_course.transforms import create_datasets
     from t2t_course.visualise import CHANNEL_COLUMNS, channel_rows, probe_batch, run_model
@@ -32,8 +32,10 @@ def save(study:Path, dest:Path) -> None:
     kept = list(csv.DictReader(open(ch_path))) if ch_path.exists() else []
     done = {(r['model'], int(r['seed'])) for r in kept}
     new = [r for r in rows if r['family'] and (r['model'], r['seed']) not in done]
-    if new:
-        _, val = create_datasets(data_root(rows[0]['data']), rows[0]['img_size'], 'digits')
+    if new:   # on chapter 21's batch of the study's validation images (a built-in dataset: the row names it, not its path)
+        if not is_builtin(rows[0]['data']): sys.exit(f"study_progress: {rows[0]['data']!r} is not a built-in dataset")
+        preset = get_dataset(rows[0]['data']).recipe['data_preset']
+        _, val = create_datasets(data_root(rows[0]['data']), rows[0]['img_size'], preset)
         xb, _ = probe_batch(val, 26)
         for r in new: kept += channel_rows(run_model(study, r), r, xb)
         with open(ch_path, 'w', newline='') as f:
