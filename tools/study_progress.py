@@ -23,7 +23,7 @@ def save(study:Path, dest:Path) -> None:
     from t2t_course.datasets import data_root, get_dataset, is_builtin
     from t2t_course.study import read_results, write_results
     from t2t_course.transforms import create_datasets
-    from t2t_course.visualise import CHANNEL_COLUMNS, channel_rows, probe_batch, run_model
+    from t2t_course.visualise import CHANNEL_COLUMNS, channel_table, probe_batch, run_model
     rows = read_results(study / 'results.csv')
     if not rows: sys.exit(f"study_progress: no finished runs in {study / 'results.csv'}")
     (dest / 'checkpoints').mkdir(parents=True, exist_ok=True)
@@ -37,7 +37,7 @@ def save(study:Path, dest:Path) -> None:
         preset = get_dataset(rows[0]['data']).recipe['data_preset']
         _, val = create_datasets(data_root(rows[0]['data']), rows[0]['img_size'], preset)
         xb, _ = probe_batch(val, 26)
-        for r in new: kept += channel_rows(run_model(study, r), r, xb)
+        kept += channel_table(study, new, xb)
         with open(ch_path, 'w', newline='') as f:
             w = csv.DictWriter(f, fieldnames=CHANNEL_COLUMNS, lineterminator='\n'); w.writeheader(); w.writerows(kept)
     for r in rows:
