@@ -292,11 +292,15 @@ def study_main(argv=None) -> int:
         print(f"t2t_study: error: {e}", file=sys.stderr); return 1
     if not rows: print(f"t2t_study: no finished runs in {out}", file=sys.stderr); return 1
     name = data_name(a.data or GRIDS[grid]['data'])
-    plot_families(rows, f'{grid} grid on {name}').savefig(out / 'families.png', dpi=100)
-    plot_curves(rows).savefig(out / 'curves.png', dpi=100)
+    try:
+        plot_families(rows, f'{grid} grid on {name}').savefig(out / 'families.png', dpi=100)
+        plot_curves(rows).savefig(out / 'curves.png', dpi=100)
+        atomic_write_text(out / 'report.md', report(rows, grid_claims(grid), markdown=True) + '\n')
+    except OSError as e:   # the runs and results.csv are kept; only a figure or the report could not be written
+        print(f"t2t_study: error: {e} (the runs and {out / 'results.csv'} are complete)", file=sys.stderr); return 1
     try:
         print(report(rows, grid_claims(grid)))
-        print(f"results.csv, families.png and curves.png are in {out}")
+        print(f"results.csv, report.md, families.png and curves.png are in {out}")
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (`t2t_study ... | head`): the files are written; stop quietly
         stdout_to_devnull(); return 1

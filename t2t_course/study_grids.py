@@ -122,9 +122,12 @@ def budget_table(grid:str='claims', img_size:int=None, num_classes:int=10) -> li
     return [dict(label=sm.label, model=sm.model, model_kwargs=sm.model_kwargs, role=sm.role, **model_budget(sm, size, num_classes))
             for sm in grid_models(grid)]
 
-def format_table(rows:list, columns:dict) -> str:
-    "A plain-text table: `columns` maps a title to a function of a row."
+def format_table(rows:list, columns:dict, markdown:bool=False) -> str:
+    "A plain-text table (or a Markdown one): `columns` maps a title to a function of a row."
     cells = [[str(f(r)) for f in columns.values()] for r in rows]
+    if markdown:
+        md = lambda vals: '| ' + ' | '.join(v.replace('|', '\\|') for v in vals) + ' |'
+        return '\n'.join([md(list(columns)), '|' + '---|' * len(columns)] + [md(c) for c in cells])
     widths = [max(len(t), *(len(c[i]) for c in cells)) for i, t in enumerate(columns)]
     line = lambda vals: '  '.join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths)))
     return '\n'.join([line(list(columns)), line(['-' * w for w in widths])] + [line(c) for c in cells])

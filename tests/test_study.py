@@ -14,8 +14,9 @@ from t2t_course.cli import main
 from t2t_course.config import TrainConfig
 from t2t_course.data import ImageFolderDataset, cluttered_digits_folder, cluttered_tune_folder
 from t2t_course.models import create_model
-from t2t_course.study import (CLAIMS, EPOCHS, GRIDS, FAMILY_LR, TUNE_EPOCHS, WARMUP, budget_table, claim_table, family_table, interpolate, family_curve,
-                              read_results, seeds_to_settle, study_main, summarize, t_interval, verdict)
+from t2t_course.study import (CLAIMS, EPOCHS, GRIDS, FAMILY_LR, TUNE_EPOCHS, WARMUP, budget_table, claim_table, complete_seeds, family_table,
+                              grid_models, interpolate, family_curve, read_results, report, seeds_to_settle, study_main, summarize,
+                              t_interval, verdict)
 
 
 def test_main_job_runs_on_a_real_grid():
@@ -26,6 +27,22 @@ def test_main_job_runs_on_a_real_grid():
     H0 = t2t.soft_split0.output_size((cfg.img_size,) * 2); H1 = t2t.soft_split1.output_size(H0)
     assert min(H0) >= 16 and min(H1) >= 8 and t2t.num_patches >= 16
 
+
+
+def test_readme_reports_the_committed_claims_grid():
+    "The README's experiments tables are the committed claims grid's report on its whole seeds, as chapter 20 prints it, digit for digit."
+    kept = read_results(REPO / 'nbs' / 'study' / 'claims' / 'results.csv')
+    rows = complete_seeds(kept, grid_models('claims'))
+    assert rows and {r['epochs'] for r in rows} == {EPOCHS}
+    readme = (REPO / 'README.md').read_text()
+    for table in report(rows, markdown=True).split('\n\n'):
+        assert table in readme, f"README.md's experiments section is not the committed rows' report; it should hold:\n{table}"
+
+
+def test_complete_seeds_keeps_whole_seeds_only():
+    rows = [dict(model=m, seed=s) for s in (0, 1) for m in 'ab'] + [dict(model='a', seed=2)]
+    assert {r['seed'] for r in complete_seeds(rows)} == {0, 1}
+    assert complete_seeds(rows, ['a']) == rows and complete_seeds(rows, ['a', 'c']) == []
 
 def test_cluttered_digits_split_by_source_and_trainable(tmp_path):
     root, tune = cluttered_digits_folder(), cluttered_tune_folder()
@@ -108,6 +125,7 @@ def test_t2t_study_quick_writes_results_resumes_and_reproduces(tmp_path):
     assert {'model', 'family', 'seed', 'val_acc1', 'params', 'macs', 'train_s', 'torch', 'threads', 'args', 'run', 'curve'} <= set(rows[0])
     assert all((out / r['run'] / 'metrics.csv').is_file() and not Path(r['run']).is_absolute() for r in rows)
     assert (out / 'families.png').read_bytes()[:4] == b'\x89PNG' and (out / 'curves.png').is_file()
+    assert (out / 'report.md').read_text().startswith('| model | family | seeds | top-1 % |') and '| (a) t2t_64 vs hard |' in (out / 'report.md').read_text()
     assert '(a) t2t_64 vs hard' in p.stdout and '95% interval' in p.stdout
     row = next(r for r in rows if r['model'] == 'vit_48' and r['seed'] == 1)   # one row, re-run from its recorded arguments
     code, _, err = call(main, shlex.split(row['args']) + ['--output', str(tmp_path / 'again'), '--no-progress'])

@@ -1,15 +1,15 @@
 """Keep a long study's finished runs in the repository, to continue it on another day or machine.
 
 A study folder (`t2t_study --output DIR`) holds every run's checkpoints; only its `results.csv` is needed to continue
-(`--resume` skips the runs it lists). Chapter 21 also needs, from the family runs, their channel rows (computed from
+(`--resume` skips the runs it lists); chapter 20 reads it. Chapter 21 also needs, from the family runs, their channel rows (computed from
 each run's `last.pth`) and the seed-0 weights of the three models it draws. `save` keeps exactly that:
 
-    python tools/study_progress.py save /path/to/study nbs/study/claims_20ep
+    python tools/study_progress.py save /path/to/study nbs/study/claims
         results.csv    the finished rows (as the study wrote them)
         channels.csv   chapter 21's channel rows of every finished family run (added run by run, never recomputed)
         checkpoints/   <label>_seed0.pth, the state_dict of resnet_16, vit_64 and t2t_64's seed-0 runs
 
-    python tools/study_progress.py restore nbs/study/claims_20ep /path/to/new/study
+    python tools/study_progress.py restore nbs/study/claims /path/to/new/study
         writes the kept results.csv into a new study folder: `t2t_study --output /path/to/new/study --resume` continues
 """
 import argparse, csv, shutil, sys
