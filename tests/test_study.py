@@ -28,7 +28,6 @@ def test_main_job_runs_on_a_real_grid():
     assert min(H0) >= 16 and min(H1) >= 8 and t2t.num_patches >= 16
 
 
-
 def test_readme_reports_the_committed_claims_grid():
     "The README's experiments tables are the committed claims grid's report on its whole seeds, as chapter 20 prints it, digit for digit."
     kept = read_results(REPO / 'nbs' / 'study' / 'claims' / 'results.csv')
