@@ -2,8 +2,8 @@
 
 A row of `CASES` builds a layer or a model on its fast paths (the default), its inputs, and names the switches
 that the readable copy (same weights, a deep copy) turns off: `ALL` is `set_fast_paths(copy, False)`, a tuple
-names single switches. Every registered model is a row (from `list_models()`), so a new variant is compared the
-moment it is registered. The switches themselves (which function sets which) are tested below the table.
+names single switches. Every registered model is a row (from `list_models()`, two of its blocks; at its own depth
+with --runslow), so a new variant is compared the moment it is registered. The switches themselves (which function sets which) are tested below the table.
 """
 import copy
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ from t2t_course.t2t_layer import TokenTransformer
 from t2t_course.performer import TokenPerformer
 from t2t_course.t2t_module import T2TModule
 from t2t_course.backbone import count_macs
+from t2t_course.models import get_variant
 from official_reference import model_grads, perturb_, max_rel_err
 
 SWITCHES = ('fused_attn', 'batched_favor', 'gather_splits', 'cls_only_last_block')
@@ -31,6 +32,11 @@ class AttentionFn(nn.Module):
     fast_paths = ('fused_attn',)
     def __init__(self, scale=None): super().__init__(); self.scale, self.fused_attn = scale, True
     def forward(self, q, k, v): return attention(q, k, v, scale=self.scale, fused=self.fused_attn)
+
+
+def _shallow(name):
+    "Two blocks (the dense design: stages (1, 1)) instead of the variant's depth, its widths and block types kept."
+    return dict(depth=2) if 'depth' in get_variant(name).arch else dict(block_config=(1, 1))
 
 
 def _randn(*shape, seed=0): return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
@@ -64,6 +70,7 @@ class Case:
     inputs: object          # () -> a tuple of input tensors (each gets a gradient)
     switches: object = ALL  # switches turned off in the readable copy: ALL, or a tuple of names
     tol: float = 1e-5       # bound on max_rel_err of the output and of every gradient
+    slow: bool = False      # run only with --runslow (a variant at its full depth: the 2-block row holds its every path)
 
 
 CASES = [
@@ -82,12 +89,17 @@ CASES = [
            sw if sw == ALL else (sw,), tol=1e-4)
       for tt in ('performer', 'transformer') for sw in (*SWITCHES, ALL)
       if not (sw, tt) in {('batched_favor', 'transformer')}],
-    *[Case(f'{name}-32px', _model(lambda name=name: create_model(name, img_size=32, num_classes=10, drop_path_rate=0.2)),
-           lambda: (_randn(2, 3, 32, 32),), ALL, tol=1e-4) for name in list_models()],
+    *[Case(f'{name}-32px{"" if full else "-2blocks"}',
+           _model(lambda name=name, full=full: create_model(name, img_size=32, num_classes=10, drop_path_rate=0.2,
+                                                            **({} if full else _shallow(name)))),
+           lambda: (_randn(2, 3, 32, 32),), ALL, tol=1e-4, slow=full) for name in list_models() for full in (False, True)],
 ]
 
 
-@pytest.mark.parametrize('case', CASES, ids=[c.id for c in CASES])
+def _param(case): return pytest.param(case, id=case.id, marks=[pytest.mark.slow] if case.slow else [])
+
+
+@pytest.mark.parametrize('case', [_param(c) for c in CASES])
 def test_fast_path_equals_readable_path(case):
     "Same weights, fast paths on and off: the same output and the same gradients of inputs and every parameter."
     fast = case.make()

@@ -5,7 +5,7 @@ the official ones. The fast paths against the readable paths: test_fast_paths.py
 Reference data (measured on the official code) is in reference/: official_state_dicts.json, official_macs.json
 and golden/*.pt.
 """
-import argparse, dataclasses, json, subprocess, sys, warnings
+import argparse, copy, dataclasses, json, subprocess, sys, warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +30,23 @@ MODELS = list_models()  # every registered model: a new variant is tested the mo
 def official_name(name): return name.replace('_384', '@384')
 
 
+_BUILT = {}  # (name, overrides) -> the model as built; emptied when the module's tests end (`_forget_built`)
+
+
 def _small(name, **kwargs):
-    "The registered model `name` built at 32 px with 42 classes, seeded."
-    torch.manual_seed(0)
-    return create_model(name, **(dict(num_classes=42, img_size=32) | kwargs))
+    """The registered model `name` built at 32 px with 42 classes, seeded: a fresh deep copy of one build per name and
+    overrides (initialising the weights of a full-depth variant costs 2-4x what the contract tests then do with it)."""
+    key = (name, tuple(sorted(kwargs.items())))
+    if key not in _BUILT:
+        torch.manual_seed(0)
+        _BUILT[key] = create_model(name, **(dict(num_classes=42, img_size=32) | kwargs))
+    return copy.deepcopy(_BUILT[key])
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _forget_built():
+    yield
+    _BUILT.clear()
 
 
 def _shallow(name):
@@ -231,12 +244,16 @@ def test_torch_compile_fullgraph_full_depth(name):
     with torch.no_grad(): torch.testing.assert_close(compiled(x), model(x))
 
 
+@pytest.mark.parametrize('depth', ['shallow', pytest.param('full', marks=pytest.mark.slow)])
 @pytest.mark.parametrize('size', [(32, 48), (64, 40)])
 @pytest.mark.parametrize('name', MODELS)
-def test_any_input_size(name, size):
-    "Built at 32 px, run at a non-square size: finite logits, equal to a model built for that size (sinusoid regenerated)."
-    small = _small(name).eval()
-    built = create_model(name, num_classes=42, img_size=size).eval()
+def test_any_input_size(name, size, depth):
+    """Built at 32 px, run at a non-square size: finite logits, equal to a model built for that size (sinusoid regenerated).
+    Two blocks of the variant (what the size changes is before and after the blocks); at its own depth with --runslow."""
+    shallow = _shallow(name) if depth == 'shallow' else {}
+    small = _small(name, **shallow).eval()
+    torch.manual_seed(0)
+    built = create_model(name, num_classes=42, img_size=size, **shallow).eval()
     built.load_state_dict(checkpoint_filter_fn(small.state_dict(), built), strict=True)
     x = _x(*size)
     with torch.no_grad(): out = small(x)
