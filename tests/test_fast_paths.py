@@ -19,8 +19,8 @@ from t2t_course.t2t_layer import TokenTransformer
 from t2t_course.performer import TokenPerformer
 from t2t_course.t2t_module import T2TModule
 from t2t_course.backbone import count_macs
-from t2t_course.models import get_variant
 from official_reference import model_grads, perturb_, max_rel_err
+from variant_sizes import few_blocks
 
 SWITCHES = ('fused_attn', 'batched_favor', 'gather_splits', 'cls_only_last_block')
 ALL = 'all'
@@ -32,11 +32,6 @@ class AttentionFn(nn.Module):
     fast_paths = ('fused_attn',)
     def __init__(self, scale=None): super().__init__(); self.scale, self.fused_attn = scale, True
     def forward(self, q, k, v): return attention(q, k, v, scale=self.scale, fused=self.fused_attn)
-
-
-def _shallow(name):
-    "Two blocks (the dense design: stages (1, 1)) instead of the variant's depth, its widths and block types kept."
-    return dict(depth=2) if 'depth' in get_variant(name).arch else dict(block_config=(1, 1))
 
 
 def _randn(*shape, seed=0): return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
@@ -91,7 +86,7 @@ CASES = [
       if not (sw, tt) in {('batched_favor', 'transformer')}],
     *[Case(f'{name}-32px{"" if full else "-2blocks"}',
            _model(lambda name=name, full=full: create_model(name, img_size=32, num_classes=10, drop_path_rate=0.2,
-                                                            **({} if full else _shallow(name)))),
+                                                            **({} if full else few_blocks(name)))),
            lambda: (_randn(2, 3, 32, 32),), ALL, tol=1e-4, slow=full) for name in list_models() for full in (False, True)],
 ]
 

@@ -20,6 +20,8 @@ from t2t_course.backbone import count_macs, get_sinusoid_encoding
 from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, build_variant,
                                checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir)
 
+from variant_sizes import few_blocks
+
 REF = Path(__file__).resolve().parents[1] / 'reference'
 OFFICIAL = json.loads((REF / 'official_state_dicts.json').read_text())
 OFFICIAL_MACS = json.loads((REF / 'official_macs.json').read_text())
@@ -47,11 +49,6 @@ def _small(name, **kwargs):
 def _forget_built():
     yield
     _BUILT.clear()
-
-
-def _shallow(name):
-    "Two blocks (the dense design: stages (1, 1)) instead of the variant's depth, its widths kept."
-    return dict(depth=2) if 'depth' in get_variant(name).arch else dict(block_config=(1, 1))
 
 
 def _x(*size, batch=2): return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(1))
@@ -229,7 +226,7 @@ def test_torch_compile_fullgraph(name):
     one code object repeated, so two hold every path the capture can break on; each variant at its own depth is
     `test_torch_compile_fullgraph_full_depth` (--runslow)."""
     torch._dynamo.reset()  # the variants share code objects: start each from a clean compile cache
-    model, x = _small(name, **_shallow(name)).eval(), _x(48, 40)
+    model, x = _small(name, **few_blocks(name)).eval(), _x(48, 40)
     compiled = torch.compile(model, backend='eager', fullgraph=True)
     with torch.no_grad(): torch.testing.assert_close(compiled(x), model(x))
 
@@ -250,7 +247,7 @@ def test_torch_compile_fullgraph_full_depth(name):
 def test_any_input_size(name, size, depth):
     """Built at 32 px, run at a non-square size: finite logits, equal to a model built for that size (sinusoid regenerated).
     Two blocks of the variant (what the size changes is before and after the blocks); at its own depth with --runslow."""
-    shallow = _shallow(name) if depth == 'shallow' else {}
+    shallow = few_blocks(name) if depth == 'shallow' else {}
     small = _small(name, **shallow).eval()
     torch.manual_seed(0)
     built = create_model(name, num_classes=42, img_size=size, **shallow).eval()
@@ -545,7 +542,7 @@ def test_learned_table_follows_the_grid_not_just_the_length():
 @pytest.mark.parametrize('name', ['t2t_vit_7', 't2t_vit_t_14', 'vit_baseline', 't2t_vit_dense'])
 def test_jit_trace(name):
     "torch.jit.trace records the model (sizes as traced values); the trace computes the model's output."
-    model = _small(name, embed_dim=64, num_heads=2, **_shallow(name)).eval()
+    model = _small(name, embed_dim=64, num_heads=2, **few_blocks(name)).eval()
     x = _x(32, 32)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')  # its deprecation notice, and the Performer's shape check

@@ -19,6 +19,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 import t2t_course
 from t2t_course.models import get_variant
+from variant_sizes import few_blocks
 
 try:  # timm is optional, and its internals move between releases: a timm without them skips this file, with the reason
     import timm
@@ -35,8 +36,7 @@ MODELS = t2t_course.list_models()
 
 def _tiny(name):
     "Overrides that keep a variant's kind and widths and shrink it: 3 blocks (the dense design: stages (2, 1)), 32 px."
-    arch = get_variant(name).arch
-    return dict(img_size=32) | (dict(depth=3) if 'depth' in arch else {}) | (dict(block_config=(2, 1)) if 'block_config' in arch else {})
+    return dict(img_size=32) | few_blocks(name, 3)
 
 
 def _create(name, **kwargs):
