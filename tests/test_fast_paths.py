@@ -3,7 +3,8 @@
 A row of `CASES` builds a layer or a model on its fast paths (the default), its inputs, and names the switches
 that the readable copy (same weights, a deep copy) turns off: `ALL` is `set_fast_paths(copy, False)`, a tuple
 names single switches. Every registered model is a row (from `list_models()`, two of its blocks; at its own depth
-with --runslow), so a new variant is compared the moment it is registered. The switches themselves (which function sets which) are tested below the table.
+with --runslow), so a new variant is compared the moment it is registered. The switches themselves (which function
+sets which) are tested below the table.
 """
 import copy
 from dataclasses import dataclass

@@ -249,7 +249,6 @@ def test_any_input_size(name, size, depth):
     Two blocks of the variant (what the size changes is before and after the blocks); at its own depth with --runslow."""
     shallow = few_blocks(name) if depth == 'shallow' else {}
     small = _small(name, **shallow).eval()
-    torch.manual_seed(0)
     built = create_model(name, num_classes=42, img_size=size, **shallow).eval()
     built.load_state_dict(checkpoint_filter_fn(small.state_dict(), built), strict=True)
     x = _x(*size)
