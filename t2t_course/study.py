@@ -16,6 +16,7 @@ from .datasets import data_name, data_root, is_builtin
 from .checkpoint import GracefulStop, atomic_write_text, lock_run_folder
 from .study_grids import EPOCHS, GRIDS, StudyModel, budget_table, format_table, grid_claims, grid_models, model_budget
 from .study_report import plot_curves, plot_families, report
+from .warm import WarmPopen
 from .study_grids import *      # the grids above (t2t_course.study_grids) and the statistics below
 from .study_report import *     # (t2t_course.study_report), re-exported: `from t2t_course.study import X` works for all
 
@@ -116,12 +117,12 @@ _CHILD = ("import ctypes, os, runpy, signal, sys\n"
           "sys.argv = ['t2t_train'] + sys.argv[2:]\n"
           "runpy.run_module('t2t_course.cli', run_name='__main__', alter_sys=True)\n")
 
-def _start(args:list, run:Path, resume:bool) -> subprocess.Popen:
+def _start(args:list, run:Path, resume:bool) -> WarmPopen:
     "Start one run's `t2t_train` (its output and errors into `run/log.txt`), tied to this process's life."
     cmd = [sys.executable, '-c', _CHILD, str(os.getpid()), *_run_command(args, run, resume)[3:]]
-    with open(run / 'log.txt', 'a') as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
+    with open(run / 'log.txt', 'a') as log:                     # forked warm: no import of torch per run
+        return WarmPopen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
 
 def run_study(grid:str='claims',   # a key of GRIDS
               data=None,           # a built-in dataset or an ImageNet-layout folder (None: the grid's)
