@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageFile
 from torchvision.transforms import v2
 
+from t2t_course.warm import WarmPopen, warm_run
 from t2t_course.core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 import t2t_course.data as data
 import t2t_course.datasets as datasets  # the built-in datasets' module (chapter 11)
@@ -30,7 +31,7 @@ PY = sys.executable
 def _run(*args, **kw):
     "Run `python args...` from the repo root with the package importable."
     env = {**os.environ, 'PYTHONPATH': str(REPO) + os.pathsep + os.environ.get('PYTHONPATH', '')}
-    return subprocess.run([PY, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, **kw)
+    return warm_run([PY, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
@@ -430,7 +431,7 @@ def test_digits_folder_lost_race(tmp_path, monkeypatch):
 def test_digits_folder_two_processes_at_once(tmp_path):
     code = 'import sys; from t2t_course.data import digits_folder; print(digits_folder(sys.argv[1]))'
     env = {**os.environ, 'PYTHONPATH': str(REPO)}
-    procs = [subprocess.Popen([PY, '-c', code, str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    procs = [WarmPopen([PY, '-c', code, str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs

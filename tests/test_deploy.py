@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from t2t_course.warm import WarmPopen, warm_run
 from t2t_course import create_model
 from t2t_course.core import sample_image_path
 from t2t_course.deploy import check_onnx, export_onnx, export_program, imagenet_classes, predict_main
@@ -171,9 +172,9 @@ def test_t2t_predict_as_a_process(checkpoints):
     "The command as a user runs it: top-5 with names on stdout and status 0; a bad file: one line on stderr and 2."
     cmd = [sys.executable, '-m', 't2t_course.deploy', str(sample_image_path()), '--checkpoint', str(checkpoints / 'official.pth.tar'),
            '--model', 't2t_vit_7', '--device', 'cpu']
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = warm_run(cmd, capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.count('%') == 5, res.stderr
-    res = subprocess.run(cmd[:5] + [str(checkpoints / 'nope.pth')] + cmd[6:], capture_output=True, text=True)
+    res = warm_run(cmd[:5] + [str(checkpoints / 'nope.pth')] + cmd[6:], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.strip().count('\n') == 0 and 'no checkpoint file at' in res.stderr
 
 
@@ -181,7 +182,7 @@ def test_a_closed_pipe_is_not_a_traceback(checkpoints):
     "`t2t_predict ... | head -1`: the reader goes away before the output; the command stops quietly with status 1."
     cmd = [sys.executable, '-m', 't2t_course.deploy', str(sample_image_path()), '--checkpoint', str(checkpoints / 'best.pth'),
            '--device', 'cpu', '--json']
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = WarmPopen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     p.stdout.close()                                                   # nobody reads what it prints
     err = p.stderr.read(); p.wait()
     assert p.returncode == 1 and 'Traceback' not in err and 'BrokenPipe' not in err, err

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from t2t_course.warm import WarmPopen, warm_run
 from test_train import PY, REPO, TINY_ARGS, call, make_folder, run
 from t2t_course.cli import eval_main, main
 from t2t_course.data import ImageFolderDataset
@@ -69,7 +70,7 @@ def _wait_for(path, proc, timeout=120):
 
 def test_a_second_run_on_the_same_folder_is_refused(folder, tmp_path):
     out = tmp_path / 'run'
-    first = subprocess.Popen([PY, '-m', 't2t_course.train', *train_args(folder, out, '--epochs', '1000')], cwd=REPO,
+    first = WarmPopen([PY, '-m', 't2t_course.train', *train_args(folder, out, '--epochs', '1000')], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(out / 'last.pth', first)
@@ -120,7 +121,7 @@ def _limited(limit_bytes):
 def test_unwritable_output_is_refused_before_training(folder, tmp_path):
     out = tmp_path / 'run'
     t = time.perf_counter()
-    p = subprocess.run([PY, '-m', 't2t_course.train', *train_args(folder, out, '--epochs', '5')], cwd=REPO, text=True,
+    p = warm_run([PY, '-m', 't2t_course.train', *train_args(folder, out, '--epochs', '5')], cwd=REPO, text=True,
                        capture_output=True, timeout=120, preexec_fn=_limited(0))
     assert p.returncode == 2 and f'cannot write into output folder {out}: file too large' in p.stderr, p.stderr
     assert 'epoch' not in p.stdout and time.perf_counter() - t < 60  # refused at the start, not after an epoch
@@ -136,7 +137,7 @@ def test_a_full_disk_at_save_keeps_the_previous_checkpoint(folder, tmp_path):
     code, _, err = call(main, train_args(folder, out, '--epochs', '1'))
     assert code == 0, err
     before = (out / 'last.pth').read_bytes()
-    p = subprocess.run([PY, '-m', 't2t_course.train', *train_args(folder, out, '--epochs', '2', '--resume', 'auto')], cwd=REPO,
+    p = warm_run([PY, '-m', 't2t_course.train', *train_args(folder, out, '--epochs', '2', '--resume', 'auto')], cwd=REPO,
                        text=True, capture_output=True, timeout=300, preexec_fn=_limited(20_000))
     assert p.returncode == 1, p.stderr
     assert f'file too large while saving {out / "last.pth"}; the previous checkpoint is intact' in p.stderr, p.stderr
@@ -225,8 +226,8 @@ def two_processes(fault, args, tmp_path):
     for rank in (0, 1):
         env = dict(os.environ, WORLD_SIZE='2', RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE='2',
                    MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
-        procs.append(subprocess.Popen([PY, *FAULT, fault, '--', *args], cwd=REPO, env=env, text=True,
-                                      stdout=open(tmp_path / f'out{rank}.txt', 'w'), stderr=open(tmp_path / f'err{rank}.txt', 'w')))
+        procs.append(WarmPopen([PY, *FAULT, fault, '--', *args], cwd=REPO, env=env, text=True,
+                                stdout=open(tmp_path / f'out{rank}.txt', 'w'), stderr=open(tmp_path / f'err{rank}.txt', 'w')))
     return procs
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from t2t_course.warm import warm_run
 from t2t_course.data import create_datasets, digits_folder
 from t2t_course.distributed import SeededDataset
 from t2t_course.pipeline import create_pipeline
@@ -65,7 +66,7 @@ def test_every_cpu_ddp_launch_pins_the_cpu(monkeypatch, tmp_path):
     started = []
     class Popen:
         def __init__(self, cmd, **kw): started.append(cmd)
-    monkeypatch.setattr(test_faults.subprocess, 'Popen', Popen)
+    monkeypatch.setattr(test_faults, 'WarmPopen', Popen)
     test_faults.two_processes('none', ['--epochs', '1'], tmp_path)  # the fault tests' launcher adds the device
     assert len(started) == 2 and all(c[c.index('--device') + 1] == 'cpu' for c in started), started
 
@@ -112,7 +113,7 @@ def test_gpu_benchmark_tells_nvl_from_sxm_and_reports_both_batches():
     assert peak_tflops('NVIDIA H200') == ('H200', 989.4) and peak_tflops('NVIDIA H200 NVL') == ('H200 NVL', 835.0)
     assert peak_tflops('NVIDIA H100 NVL')[1] == 835.0 and peak_tflops('NVIDIA H100 PCIe')[1] == 756.0
     assert peak_tflops('NVIDIA L40S')[0] == 'L40S' and peak_tflops('Tesla T4') == (None, None)
-    p = subprocess.run([sys.executable, 'benchmarks/gpu_train.py', '--device', 'cpu', '--smoke'], cwd=REPO, capture_output=True,
+    p = warm_run([sys.executable, 'benchmarks/gpu_train.py', '--device', 'cpu', '--smoke'], cwd=REPO, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert 'device: CPU' in p.stdout and 'train batch    2' in p.stdout and 'train batch    4' in p.stdout

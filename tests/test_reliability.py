@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 import t2t_course
+from t2t_course.warm import warm_run
 from t2t_course.core import set_fast_paths
 from t2t_course.data import ImageFolderDataset, build_folder_once, digits_folder, load_rgb, prepare_imagenet_val
 from t2t_course.deploy import predict_main, read_image
@@ -57,7 +58,7 @@ def test_special_files_are_not_opened(where, tmp_path, trained):
         return
     fifo = _fifo(tmp_path / 'pipe.jpg')  # were it opened, the command would block: the timeout fails the test
     cmd = [sys.executable, '-m', 't2t_course.deploy', str(fifo), '--checkpoint', str(trained), '--device', 'cpu']
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    res = warm_run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr
     assert 'is not a regular file (a FIFO, socket or device)' in res.stderr
 
@@ -120,7 +121,7 @@ def test_predict_reports_every_image(fmt, tmp_path, trained):
     Image.new('RGB', (40, 40)).save(os.fsencode(odd))
     cmd = [sys.executable, '-m', 't2t_course.deploy', str(good), str(bomb), str(odd), str(text), '--checkpoint', str(trained),
            '--device', 'cpu'] + (['--json'] if fmt == 'json' else [])
-    res = subprocess.run([os.fsencode(a) for a in cmd], capture_output=True, timeout=120, cwd=REPO,
+    res = warm_run([os.fsencode(a) for a in cmd], capture_output=True, timeout=120, cwd=REPO,
                          env=dict(os.environ, PYTHONIOENCODING='utf-8:strict'))
     out, err = res.stdout.decode('utf-8', 'replace'), res.stderr.decode('utf-8', 'replace')
     assert 'Traceback' not in err and 'Traceback' not in out, err

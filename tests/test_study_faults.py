@@ -5,6 +5,7 @@ import os, shutil, signal, subprocess, time
 
 import pytest
 
+from t2t_course.warm import WarmPopen
 from test_train import PY, REPO, call
 from t2t_course.study import read_results, study_main
 
@@ -39,7 +40,7 @@ def _wait_for(pred, timeout=60.):
 def test_study_signals(tmp_path, sig):
     "One signal stops the grid: the running run saves and stops, the queued one never starts, --resume finishes both."
     out = tmp_path / 'study'
-    p = subprocess.Popen([PY, '-m', 't2t_course.study', '--output', str(out), '--quick', '--models', 'vit_48', 'vit_64',
+    p = WarmPopen([PY, '-m', 't2t_course.study', '--output', str(out), '--quick', '--models', 'vit_48', 'vit_64',
                           '--seeds', '0', '--jobs', '1', '--no-progress'],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert _wait_for(lambda: (out / 'vit_48' / 'seed0' / 'log.txt').exists() and _children(str(out)))
@@ -59,7 +60,7 @@ def test_study_signals(tmp_path, sig):
 def test_study_folder_lock(tmp_path):
     "A second study into a folder in use is refused, naming the holder."
     out = tmp_path / 'study'
-    p = subprocess.Popen([PY, '-m', 't2t_course.study', '--output', str(out), *ONE], cwd=REPO, stdout=subprocess.DEVNULL,
+    p = WarmPopen([PY, '-m', 't2t_course.study', '--output', str(out), *ONE], cwd=REPO, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     assert _wait_for(lambda: (out / '.lock').exists())
     q = study(out, '--resume')

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from t2t_course.warm import WarmPopen, warm_run
 from t2t_course.data import create_eval_transform, create_loss, digits_folder, ImageFolderDataset
 from t2t_course.models import create_model
 from t2t_course.optim import ModelEma, WarmupCosineSchedule, param_groups_weight_decay, scale_lr
@@ -42,7 +43,7 @@ def make_folder(root, n_train=16, n_val=6, classes=4, size=(20, 24), ext='.png',
 def run(args, env=None, timeout=300):
     "Run a command line of this Python in the repository; the CompletedProcess."
     e = dict(os.environ, PYTHONWARNINGS='ignore', **(env or {}))
-    return subprocess.run([PY, *args], cwd=REPO, env=e, capture_output=True, text=True, timeout=timeout)
+    return warm_run([PY, *args], cwd=REPO, env=e, capture_output=True, text=True, timeout=timeout)
 
 
 def call(fn, argv):
@@ -240,7 +241,7 @@ def test_kill_and_resume_with_the_fast_pipeline(folder, tmp_path):
 def test_sigterm_from_outside_stops_cleanly(folder, tmp_path):
     "A real signal from another process (not the debug hook): a checkpoint, exit status 143, a resumable run."
     out = tmp_path / 'run'
-    proc = subprocess.Popen([PY, '-m', 't2t_course.train', '--data', str(folder), *TINY_ARGS, '--batch-size', '4',
+    proc = WarmPopen([PY, '-m', 't2t_course.train', '--data', str(folder), *TINY_ARGS, '--batch-size', '4',
                              '--epochs', '1000', '--output', str(out)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -259,7 +260,7 @@ def test_a_closed_stdout_stops_cleanly_and_resumes(folder, tmp_path):
     "`t2t_train ... | head -1`: no traceback, a checkpoint, exit 141 (SIGPIPE's status), a run that resumes; t2t_eval likewise quiet."
     out, e = tmp_path / 'run', dict(os.environ, PYTHONWARNINGS='ignore')
     args = ['-m', 't2t_course.train', '--data', str(folder), *TINY_ARGS, '--batch-size', '8', '--epochs', '3', '--output', str(out)]
-    proc = subprocess.Popen([PY, *args], cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = WarmPopen([PY, *args], cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.readline(); proc.stdout.close()  # what head -1 does
     stderr = proc.stderr.read(); proc.wait(timeout=300)
     assert proc.returncode == 141 and 'Traceback' not in stderr and 'stdout was closed' in stderr, (proc.returncode, stderr)
@@ -267,7 +268,7 @@ def test_a_closed_stdout_stops_cleanly_and_resumes(folder, tmp_path):
     assert ck['step'] >= 1 and ck['epoch'] < 3  # stopped after the step or the epoch during which the pipe closed
     p = run([*args, '--resume', 'auto'])
     assert p.returncode == 0 and 'resumed from' in p.stdout, p.stderr
-    proc = subprocess.Popen([PY, '-c', EVAL_MAIN, str(out / 'last.pth')], cwd=REPO, env=e, stdout=subprocess.PIPE,
+    proc = WarmPopen([PY, '-c', EVAL_MAIN, str(out / 'last.pth')], cwd=REPO, env=e, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     proc.stdout.close()
     stderr = proc.stderr.read(); proc.wait(timeout=300)
@@ -323,7 +324,7 @@ def test_bad_images_stop_with_a_clear_message(bad_folder, tmp_path, workers):
 def test_sigterm_to_the_process_group_stops_cleanly(folder, tmp_path):
     "Slurm or `kill -TERM -PGID` signal every process of the job, loader workers included: still a checkpoint and 143."
     out = tmp_path / 'run'
-    proc = subprocess.Popen([PY, 'tests/fault_run.py', 'signal-group:11', '--', '--data', str(folder), *RESUME_ARGS,
+    proc = WarmPopen([PY, 'tests/fault_run.py', 'signal-group:11', '--', '--data', str(folder), *RESUME_ARGS,
                              '--output', str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     stdout, stderr = proc.communicate(timeout=240)
@@ -597,7 +598,7 @@ def test_t2t_eval_caps_workers_and_prints_top5_only_when_it_means_something(fold
     p = run(['-m', 't2t_course.cli', '--help'])  # the module runs as t2t_train too
     assert p.returncode == 0 and 'usage: t2t_train' in p.stdout
     code = 'import sys; from t2t_course.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))'
-    p = subprocess.run([PY, '-W', 'default', '-c', code, str(out / 'last.pth')], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = warm_run([PY, '-W', 'default', '-c', code, str(out / 'last.pth')], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert 'suggested max number of worker' not in p.stderr  # no more workers than CPUs
     assert 'top-1' in p.stdout and 'top-5' not in p.stdout    # 4 classes: top-5 would be 100% by definition
