@@ -19,17 +19,30 @@ def _cpu():
     return s.ru_utime + s.ru_stime, c.ru_utime + c.ru_stime
 
 
+_spawned = [0]   # processes this test process started (subprocess.Popen), counted for the summary
+
+
+def _count_spawns():
+    import subprocess
+    init = subprocess.Popen.__init__
+    def counting_init(self, *a, **k):
+        _spawned[0] += 1
+        init(self, *a, **k)
+    subprocess.Popen.__init__ = counting_init
+
+
 try:
     import pytest
+    _count_spawns()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        w0, (s0, c0) = time.perf_counter(), _cpu()
+        w0, (s0, c0), n0 = time.perf_counter(), _cpu(), _spawned[0]
         yield
         (s1, c1), wall = _cpu(), time.perf_counter() - w0
         with open(os.environ.get('PYTEST_CPU_OUT', 'pytest_cpu.jsonl'), 'a') as f:
             f.write(json.dumps(dict(id=item.nodeid, wall=round(wall, 3), self=round(s1 - s0, 3),
-                                    children=round(c1 - c0, 3))) + '\n')
+                                    children=round(c1 - c0, 3), spawned=_spawned[0] - n0)) + '\n')
 except ImportError: pass
 
 
@@ -38,13 +51,14 @@ def summary(path, top=40):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     for r in rows: r['cpu'] = r['self'] + r['children']
     print(f"{len(rows)} tests: {sum(r['cpu'] for r in rows):.0f} CPU s ({sum(r['self'] for r in rows):.0f} in the test "
-          f"processes, {sum(r['children'] for r in rows):.0f} in their subprocesses)")
+          f"processes, {sum(r['children'] for r in rows):.0f} in the {sum(r.get('spawned', 0) for r in rows)} "
+          f"subprocesses they started)")
     files = defaultdict(float)
     for r in rows: files[r['id'].split('::')[0]] += r['cpu']
     for f, cpu in sorted(files.items(), key=lambda kv: -kv[1]): print(f"{cpu:8.1f}  {f}")
     print()
     for r in sorted(rows, key=lambda r: -r['cpu'])[:top]:
-        print(f"{r['cpu']:8.1f}  (self {r['self']:6.1f}, subprocesses {r['children']:6.1f})  {r['id']}")
+        print(f"{r['cpu']:8.1f}  (self {r['self']:6.1f}, {r.get('spawned', 0):2d} subprocesses {r['children']:6.1f})  {r['id']}")
 
 
 if __name__ == '__main__':
