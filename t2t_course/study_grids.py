@@ -110,11 +110,16 @@ def grid_claims(grid:str) -> tuple:
     return GRIDS[grid].get('claims', CLAIMS)
 
 # %% ../nbs/20_study.ipynb #aaf31004
+_BUDGETS = {}  # (model, overrides, size, classes) -> its budget: a model is built and counted once per process
+
 def model_budget(sm:StudyModel, img_size:int, num_classes:int=10) -> dict:
     "Trainable parameters and forward MACs (fvcore convention, batch 1) of a study model at `img_size`."
     from t2t_course.backbone import count_macs
-    m = create_model(sm.model, num_classes=num_classes, img_size=img_size, **sm.model_kwargs)
-    return dict(params=sum(p.numel() for p in m.parameters() if p.requires_grad), macs=count_macs(m, img_size)['total'])
+    key = (sm.model, repr(sorted(sm.model_kwargs.items())), img_size, num_classes)
+    if key not in _BUDGETS:
+        m = create_model(sm.model, num_classes=num_classes, img_size=img_size, **sm.model_kwargs)
+        _BUDGETS[key] = dict(params=sum(p.numel() for p in m.parameters() if p.requires_grad), macs=count_macs(m, img_size)['total'])
+    return dict(_BUDGETS[key])
 
 def budget_table(grid:str='claims', img_size:int=None, num_classes:int=10) -> list:
     "One row per model of `grid`: label, model, overrides, role, params, MACs."
