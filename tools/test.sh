@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
+START=$SECONDS
+took() { echo "   ($1: $((SECONDS - START)) s since the start)"; }
 echo "== set up: $VENV with t2t_course[dev,timm,export,docs]"
 if [ ! -x "$VENV/bin/python" ]; then
   # torch and torchvision already installed for PYTHON (GBs with CUDA): the venv sees them instead of installing its own
@@ -33,6 +35,7 @@ snapshot() {
   git ls-files --others --exclude-standard -z | xargs -0 -r sha1sum
 }
 
+took "set up"
 echo "== nbdev_clean and nbdev_export must leave the tree unchanged"
 before=$(snapshot | sha1sum)
 nbdev_clean
@@ -56,7 +59,8 @@ export OMP_NUM_THREADS=${OMP_SET:-1}
 
 echo "== nbdev_test (skips cells flagged: $(sed -n 's/^tst_flags *= *//p' settings.ini); $OMP_NUM_THREADS torch thread(s) a notebook)"
 nbdev_test --timing
+took "nbdev_test"
 
 echo "== pytest on $PYTEST_WORKERS worker processes (pytest-xdist; PYTEST_WORKERS=1 for one process)"
 if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -n "$PYTEST_WORKERS" tests
-else OMP_NUM_THREADS=${OMP_SET:-$CORES} python -m pytest -q tests; fi
+else OMP_NUM_THREADS=${OMP_SET:-$CORES} python -m pytest -q tests; fi   # its summary line, the last, gives its own time
