@@ -33,9 +33,9 @@ class _Warm:
     @classmethod
     def ready(cls) -> bool:
         if os.environ.get('T2T_WARM', '1') == '0' or not sys.platform.startswith('linux'): return False
-        try: open('/proc/self/mem', 'r+b').close()          # where a process may not write its own command line
-        except OSError: return False                          # (see _retitle), `ps` would not see the command: plain start
         if cls.pid != os.getpid():                                   # never started, or this is a forked copy
+            try: open('/proc/self/mem', 'r+b').close()      # where a process may not write its own command line
+            except OSError: return False                      # (see _retitle), `ps` would not see the command: plain start
             cls.libc = ctypes.CDLL(None, use_errno=True)
             ours, theirs = socket.socketpair()
             root = os.path.dirname(os.path.dirname(importlib.util.find_spec('t2t_course').origin))  # importable anywhere
