@@ -6,10 +6,9 @@
 #      website with the docs extra's Jupyter Book);
 #   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
 #      library out of sync with them);
-#   3. run the notebooks as tests (nbdev_test, its report kept until the end) and, at the same time, pytest on two
-#      processes (PYTEST_WORKERS); then nbdev_test's report, and one line with both results, last.
-# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv), PYTEST_WORKERS (default 2),
-# T2T_TEST_SERIAL=1 (nbdev_test first, then pytest, each with the cores to itself).
+#   3. run the notebooks as tests (nbdev_test), then pytest on two processes (PYTEST_WORKERS), ending on pytest's
+#      summary line.
+# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv), PYTEST_WORKERS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +26,7 @@ fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install --quiet --upgrade pip
-# --no-compile: no .pyc for the ~250 files' worth of packages (Jupyter, Sphinx) the tests never import; what is imported
-# compiles on first import, as any module does (measured: pip's own CPU 34-43 -> 18-19 s, the step 53-58 -> 33-45 s)
-python -m pip install --quiet --no-compile -e ".[dev,timm,export,docs]"
+python -m pip install --quiet -e ".[dev,timm,export,docs]"
 
 # A fingerprint of the working tree: status, diff, and the content of untracked files.
 snapshot() {
@@ -60,36 +57,10 @@ CORES=$(python -c 'import os; print(len(os.sched_getaffinity(0)))')
 OMP_SET=${OMP_NUM_THREADS:-}
 export OMP_NUM_THREADS=${OMP_SET:-1}
 
-FLAGS=$(sed -n 's/^tst_flags *= *//p' settings.ini)
-if [ "${T2T_TEST_SERIAL:-0}" = 1 ]; then
-  echo "== nbdev_test (skips cells flagged: $FLAGS; $OMP_NUM_THREADS torch thread(s) a notebook)"
-  nbdev_test --timing
-  took "nbdev_test"
-  echo "== pytest on $PYTEST_WORKERS worker processes (pytest-xdist; PYTEST_WORKERS=1 for one process)"
-  if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -n "$PYTEST_WORKERS" tests
-  else OMP_NUM_THREADS=${OMP_SET:-$CORES} python -m pytest -q tests; fi   # its summary line, the last, gives its own time
-  exit 0
-fi
+echo "== nbdev_test (skips cells flagged: $(sed -n 's/^tst_flags *= *//p' settings.ini); $OMP_NUM_THREADS torch thread(s) a notebook)"
+nbdev_test --timing
+took "nbdev_test"
 
-# Both runners at once: each alone leaves cores idle while its last, longest files finish (measured on 2 cores:
-# nbdev_test 172 s for 322 CPU s, pytest 355 s for 657), and together they fill each other's gaps. nbdev_test prints
-# nothing until it ends; its report waits in a file so that pytest's progress reads cleanly, and comes after it.
-NB_LOG=$(mktemp "${TMPDIR:-/tmp}/t2t_nbdev_test.XXXXXX")
-trap 'rm -f "$NB_LOG"; [ -z "${NB_PID:-}" ] || kill "$NB_PID" 2>/dev/null || true' EXIT
-echo "== nbdev_test (skips cells flagged: $FLAGS; $OMP_NUM_THREADS torch thread(s) a notebook), in the background"
-nbdev_test --timing >"$NB_LOG" 2>&1 &
-NB_PID=$!
-echo "== pytest on $PYTEST_WORKERS worker processes (pytest-xdist; PYTEST_WORKERS=1 for one process), meanwhile"
-PY_STATUS=0
-if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -n "$PYTEST_WORKERS" tests || PY_STATUS=$?
-else python -m pytest -q tests || PY_STATUS=$?; fi
-took "pytest"
-NB_STATUS=0
-wait "$NB_PID" || NB_STATUS=$?
-NB_PID=
-echo "== nbdev_test's report"
-cat "$NB_LOG"
-took "both"
-result() { if [ "$1" = 0 ]; then echo passed; else echo "FAILED (exit status $1)"; fi; }
-echo "== nbdev_test $(result $NB_STATUS), pytest $(result $PY_STATUS) (its summary line is above nbdev_test's report)"
-[ "$NB_STATUS" = 0 ] && [ "$PY_STATUS" = 0 ]
+echo "== pytest on $PYTEST_WORKERS worker processes (pytest-xdist; PYTEST_WORKERS=1 for one process)"
+if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -n "$PYTEST_WORKERS" tests
+else OMP_NUM_THREADS=${OMP_SET:-$CORES} python -m pytest -q tests; fi   # its summary line, the last, gives its own time
