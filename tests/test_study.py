@@ -158,12 +158,6 @@ def _study_progress():
     return mod
 
 
-def test_t2t_study_plans_the_imagenet_grid():
-    code, out, err = call(study_main, ['--grid', 'imagenet', '--plan'])
-    assert code == 0, err
-    assert 'vit_s_16' in out and 'GPU-hours' in out and 'resnet_34' in out and 't2t_vit_14' in out
-
-
 @pytest.mark.parametrize('argv, message', [(['--models', 'nope'], '--models must be labels of the claims grid'),
                                            (['--data', '/no/such/folder'], 'neither a built-in dataset nor a folder'),
                                            (['--jobs', '0'], '--jobs must be positive'),
