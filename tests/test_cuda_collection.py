@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from t2t_course.warm import warm_run
+
 import conftest  # tests/conftest.py: pytest puts tests/ on sys.path (rootdir conftest, no __init__.py)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,12 +46,14 @@ def _blockers(root:Path, version:str=None) -> Path:
 
 
 def _pytest(args, fakes:Path):
-    "`python -m pytest ARGS` in the repository with `fakes` first on PYTHONPATH; the CompletedProcess."
+    """`python -m pytest ARGS` in the repository with `fakes` first on PYTHONPATH; the CompletedProcess. Started warm
+    (`t2t_course.warm`: forked from an interpreter that has imported torch and t2t_course, never timm or onnx, so the
+    fakes still decide what those imports do; the launcher applies PYTHONPATH as a fresh interpreter would)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fakes), *filter(None, [os.environ.get('PYTHONPATH')])]),
                PYTHONWARNINGS='ignore')
     env.pop('PYTEST_ADDOPTS', None)
-    return subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return warm_run([sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', *args], cwd=REPO, env=env,
+                    capture_output=True, text=True, timeout=300)
 
 
 def test_the_known_cuda_tests_are_found():

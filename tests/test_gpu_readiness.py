@@ -75,8 +75,8 @@ def test_every_cpu_ddp_launch_pins_the_cpu(monkeypatch, tmp_path):
 def test_require_cuda_turns_cuda_skips_into_failures():
     "T2T_REQUIRE_CUDA=1: a cuda test fails, naming the reason, instead of being skipped."
     test = 'tests/test_pipeline.py::test_gpu_pipeline_decodes_with_nvjpeg_and_falls_back'
-    run = lambda env: subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', test], cwd=REPO,
-                                     env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
+    run = lambda env: warm_run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', test], cwd=REPO,
+                               env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
     p = run({'T2T_REQUIRE_CUDA': '0'})
     assert p.returncode == 0 and '1 skipped' in p.stdout, p.stdout[-2000:]
     p = run({'T2T_REQUIRE_CUDA': '1'})
