@@ -8,7 +8,8 @@
 #      library out of sync with them);
 #   3. run the notebooks as tests (nbdev_test), then pytest on two processes (PYTEST_WORKERS), ending on pytest's
 #      summary line.
-# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv), PYTEST_WORKERS (default 2).
+# Environment: PYTHON (interpreter for the venv, default python3), VENV (default .venv), PYTEST_WORKERS (default 2),
+# INSTALLER (uv, the default where PYTHON has torch; or pip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +26,26 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[dev,timm,export,docs]"
+# Where the venv inherits PYTHON's torch and torchvision, the rest is installed with uv (its resolution of the same
+# requirements, from PyPI, in about 10 s where pip takes 30-60 s). uv neither sees inherited packages nor reads pip's
+# configuration, so torch and torchvision are taken out of its resolution (an override whose marker never holds) and
+# the venv keeps PYTHON's; it installs its own copies of the other packages PYTHON has. Without an inherited torch
+# (pip then installs it, and honours this machine's pip configuration: its indexes, its torch constraint), or with
+# INSTALLER=pip, or where uv cannot be fetched, pip installs everything.
+INSTALLER=${INSTALLER:-uv}
+if [ "$INSTALLER" = uv ] && grep -q '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" \
+   && python -c 'import torch, torchvision' 2>/dev/null && python -m pip install --quiet uv 2>/dev/null; then
+  printf '%s\n' 'torch; sys_platform == "never"' 'torchvision; sys_platform == "never"' > "$VENV/uv-inherited.txt"
+  python -m uv pip install --quiet --python "$VENV/bin/python" --override "$VENV/uv-inherited.txt" -e ".[dev,timm,export,docs]"
+else
+  python -m pip install --quiet --upgrade pip
+  python -m pip install --quiet --no-compile -e ".[dev,timm,export,docs]"
+fi
+# Byte-code: the suite's processes (two runners, and over a hundred command lines started by the tests) import the
+# same modules again and again. Each module is compiled once, by the first process that imports it, and kept (Python's
+# own __pycache__ folders), whatever PYTHONDONTWRITEBYTECODE the machine sets; nothing is compiled at install time,
+# where most of the ~1 GB the extras install (Jupyter's servers, the website's builder) is never imported by a test.
+unset PYTHONDONTWRITEBYTECODE
 
 # A fingerprint of the working tree: status, diff, and the content of untracked files.
 snapshot() {
