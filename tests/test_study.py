@@ -13,6 +13,7 @@ from test_train import REPO, call, run
 from t2t_course.cli import main
 from t2t_course.config import TrainConfig
 from t2t_course.data import ImageFolderDataset, cluttered_digits_folder, cluttered_tune_folder
+from t2t_course.datasets import FOLDER_MARKER, folder_files
 from t2t_course.models import create_model
 from t2t_course.study import (CLAIMS, EPOCHS, GRIDS, FAMILY_LR, TUNE_EPOCHS, WARMUP, budget_table, claim_table, complete_seeds, family_table,
                               grid_models, interpolate, family_curve, read_results, report, seeds_to_settle, study_main, summarize,
@@ -43,19 +44,33 @@ def test_complete_seeds_keeps_whole_seeds_only():
     assert {r['seed'] for r in complete_seeds(rows)} == {0, 1}
     assert complete_seeds(rows, ['a']) == rows and complete_seeds(rows, ['a', 'c']) == []
 
-def test_cluttered_digits_split_by_source_and_trainable(tmp_path):
+def test_cluttered_digits_split_by_source_and_trainable(tmp_path, monkeypatch):
+    """The built folders' counts and splits (by source digit; the tune split inside the training split), then one epoch
+    of `t2t_train --data cluttered_digits` through the registered name and its recipe, on a copy of the built folder
+    cut to 12 images per class (a folder with its own record, in a cache folder of its own): the same path from the
+    name to the checkpoint as on the whole folder, whose epoch costs a minute of CPU (chapter 20 trains on it)."""
     root, tune = cluttered_digits_folder(), cluttered_tune_folder()
     train, val = ImageFolderDataset(root / 'train'), ImageFolderDataset(root / 'val')
     src = lambda ds: {Path(p).name.split('_')[0] for p, _ in ds.samples}
     assert (len(train), len(val)) == (11496, 1440) and not src(train) & src(val)
-    assert json.loads((root / '.complete.json').read_text())['canvas'] == 64
+    record = json.loads((root / FOLDER_MARKER).read_text())
+    assert record['canvas'] == 64
     fit, held = ImageFolderDataset(tune / 'train'), ImageFolderDataset(tune / 'val')
     assert src(fit) | src(held) == src(train) and not src(fit) & src(held) and not src(held) & src(val)  # val is never used
+    cut = tmp_path / 'cache' / root.name
+    for split in ('train', 'val'):
+        for c in sorted(d.name for d in (root / split).iterdir()):
+            (cut / split / c).mkdir(parents=True)
+            for f in sorted((root / split / c).iterdir())[:12]: (cut / split / c / f.name).symlink_to(f)
+    (cut / FOLDER_MARKER).write_text(json.dumps(dict(record, files=folder_files(cut))))
+    monkeypatch.setenv('T2T_COURSE_CACHE', str(tmp_path / 'cache'))
+    assert cluttered_digits_folder() == cut
     code, out, err = call(main, ['--data', 'cluttered_digits', '--epochs', '1', '--model-kwargs', 'embed_dim=32', 'depth=1',
                                  'num_heads=2', 'mlp_ratio=2.0', 'token_dim=16', '--no-progress', '--output', str(tmp_path / 'run')])
     assert code == 0, err
     ck = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)
     assert ck['config']['data'] == 'cluttered_digits' and ck['config']['img_size'] == 64 and len(ck['classes']) == 10
+    assert 'on cluttered digits: ' in out and '(120 train / 120 val images, 10 classes), 64 px' in out, out
 
 
 def test_the_claims_grid_has_families_whose_ranges_overlap():
