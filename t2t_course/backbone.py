@@ -161,7 +161,7 @@ def _sinusoid(self, n) -> torch.Tensor:  # (1, n, D)
     key = (n, pe.device, pe.dtype)
     if key not in self._pos_cache:
         with torch.inference_mode(False): table = get_sinusoid_encoding(n, self.embed_dim).to(pe.device, pe.dtype)
-        if type(table) is not torch.Tensor: return table  # a fake tensor (count_macs computes shapes only): not kept
+        if table.is_meta or type(table) is not torch.Tensor: return table  # count_macs's shapes-only tensors: not kept
         self._pos_cache = dict(list(self._pos_cache.items())[-7:]) | {key: table}  # the 8 latest lengths
     return self._pos_cache[key]
 
@@ -281,7 +281,7 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
                img_size=224,           # int or (H, W)
                in_chans:int=3,         # C
                inputs=None,            # a ready input batch of 1 instead (e.g. tokens for a single block)
-               fake:bool=True,         # run on fake tensors (shapes only, no arithmetic); False computes for real
+               fake:bool=True,         # shapes only (meta tensors, no arithmetic); False computes for real
               ) -> dict:               # MACs by kind: linear, conv, attention, performer, layer_norm, and total
     "Multiply-accumulates of one forward pass at batch 1, counted as fvcore does (LayerNorm 5 per element)."
     from torch.utils import flop_counter  # loaded when counting, not by `import t2t_course`
@@ -298,13 +298,18 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
         if inputs is None:
             p = next(model.parameters())
             inputs = torch.zeros(1, in_chans, *to_2tuple(img_size, 'img_size'), device=p.device, dtype=p.dtype)
-        def run():
-            with torch.no_grad(), flop_counter.FlopCounterMode(display=False) as fc: model(inputs)
+        def run(forward=lambda: model(inputs)):
+            ln_elems.clear()
+            with torch.no_grad(), flop_counter.FlopCounterMode(display=False) as fc: forward()
             return fc
-        if fake:  # the real weights meet a fake input: every op only computes its output's shape
-            from torch._subclasses.fake_tensor import FakeTensorMode
-            with FakeTensorMode(allow_non_fake_inputs=True): fc = run()
-        else: fc = run()
+        if not fake: fc = run()
+        else:  # shapes only: the weights, buffers and input as `meta` tensors (no data), for this one call
+            meta = lambda t: torch.empty_like(t, device='meta')
+            state = {n: meta(t) for n, t in [*model.named_parameters(), *model.named_buffers()]}
+            try: fc = run(lambda: torch.func.functional_call(model, state, (meta(inputs),)))
+            except (RuntimeError, NotImplementedError):  # an op without a meta kernel, or a tensor the model makes
+                from torch._subclasses.fake_tensor import FakeTensorMode   # on its own device: fake tensors instead
+                with FakeTensorMode(allow_non_fake_inputs=True): fc = run()
     finally:
         for h in hooks: h.remove()
         model.train(was_training)
