@@ -224,8 +224,8 @@ def build_study_parser() -> argparse.ArgumentParser:
                                 epilog="exit status: 0 done; 1 a run failed (named, with its log); 2 bad arguments")
     p.add_argument('--grid', choices=list(GRIDS), default='claims', help="the grid of models: claims (the chapter's), tune "
                    "(the learning rates, on a held-out part of the training split), quick, imagenet (default: claims)")
-    p.add_argument('--quick', action='store_true', help="the smoke grid: five small models, one epoch of the digits, two "
-                   "seeds, about a minute on a CPU (default: off)")
+    p.add_argument('--quick', action='store_true', help="the smoke grid: five small models, one epoch of the digits at 32 px, "
+                   "two seeds, about half a minute on a CPU (default: off)")
     p.add_argument('--data', default=None, help="a built-in dataset or an ImageNet-layout folder (default: the grid's; "
                    "claims: cluttered_digits)")
     p.add_argument('--seeds', type=int, nargs='+', default=None, help="seeds of every model (default: the grid's; claims: 0 1 2 3 4)")

@@ -95,7 +95,7 @@ IMAGENET_CLAIMS = tuple(Claim(c.key, c.text, {'t2t_64': 't2t_vit_14'}.get(c.a, c
 GRIDS = {
     'claims': dict(epochs=EPOCHS, seeds=(0, 1, 2, 3, 4), data='cluttered_digits', img_size=64, models=_claims_models(FAMILY_LR)),
     'tune': dict(epochs=TUNE_EPOCHS, seeds=(0,), data='cluttered_digits_tune', img_size=64, models=_tune_models()),
-    'quick': dict(epochs=1, seeds=(0, 1), data='digits', img_size=64, models=tuple(
+    'quick': dict(epochs=1, seeds=(0, 1), data='digits', img_size=32, models=tuple(
         sm for sm in _claims_models({}) if sm.label in ('t2t_48', 't2t_64', 'vit_48', 'vit_64', 'hard'))),
     'imagenet': dict(epochs=None, seeds=(0,), data=None, img_size=None, models=_imagenet_models(), claims=IMAGENET_CLAIMS),
 }
