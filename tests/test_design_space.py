@@ -74,8 +74,8 @@ def test_reference_has_the_official_layout(design):
 
 @pytest.mark.parametrize('design', NAMES)
 def test_macs_match_official(design):
-    "count_macs at 224 px within 0.5% of the official count, in total and for each kind of operation."
-    model = create_model(NAMES[design])
+    "count_macs at 224 px within 0.5% of the official count, in total and for each kind of operation (shapes only)."
+    with torch.device('meta'): model = create_model(NAMES[design])
     macs, ref = count_macs(model, 224), OFFICIAL_MACS[NAMES[design]]
     assert abs(macs['total'] / ref['macs_total'] - 1) < 0.005, (macs, ref)
     by_op = ref['macs_by_op']
