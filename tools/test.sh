@@ -81,5 +81,9 @@ nbdev_test --timing
 took "nbdev_test"
 
 echo "== pytest on $PYTEST_WORKERS worker processes (pytest-xdist; PYTEST_WORKERS=1 for one process)"
-if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -n "$PYTEST_WORKERS" tests
+# Only the plugins the suite uses (xdist, named below): not every pytest plugin the interpreter happens to have
+# (hypothesis, anyio, benchmark plugins cost 1.5 CPU s in each of the suite's pytest processes, the ones the tests
+# start included, and may warn under xdist).
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+if [ "$PYTEST_WORKERS" -gt 1 ]; then python -m pytest -q -p xdist.plugin -n "$PYTEST_WORKERS" tests
 else OMP_NUM_THREADS=${OMP_SET:-$CORES} python -m pytest -q tests; fi   # its summary line, the last, gives its own time
