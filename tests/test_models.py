@@ -20,13 +20,14 @@ from t2t_course.backbone import count_macs, get_sinusoid_encoding
 from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, build_variant,
                                checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir)
 
-from variant_sizes import few_blocks
+from variant_sizes import few_blocks, first_of_each_design
 
 REF = Path(__file__).resolve().parents[1] / 'reference'
 OFFICIAL = json.loads((REF / 'official_state_dicts.json').read_text())
 OFFICIAL_MACS = json.loads((REF / 'official_macs.json').read_text())
 TINY = dict(img_size=64, embed_dim=64, depth=2, num_heads=2, mlp_ratio=2., num_classes=10)
 MODELS = list_models()  # every registered model: a new variant is tested the moment it is registered
+FIRST_OF_EACH_DESIGN = first_of_each_design(MODELS)  # a new design too, in the tests that run one variant per design
 
 
 def official_name(name): return name.replace('_384', '@384')
@@ -225,11 +226,12 @@ def test_no_weight_decay(name):
     assert {'cls_token'} <= model.no_weight_decay() <= names
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', [n if n in FIRST_OF_EACH_DESIGN else pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
 def test_torch_compile_fullgraph(name):
     """Graph capture without a single break (eager backend: capture only), same output: built at 32 px, run at 48 x 40, so
     the position table comes from the graph. Two blocks of the variant (the dense design: stages (1, 1)): its blocks are
-    one code object repeated, so two hold every path the capture can break on; each variant at its own depth is
+    one code object repeated, so two hold every path the capture can break on. One variant of each design (the same
+    code at other sizes is the same graph: the others with --runslow); each variant at its own depth is
     `test_torch_compile_fullgraph_full_depth` (--runslow)."""
     torch._dynamo.reset()  # the variants share code objects: start each from a clean compile cache
     model, x = _small(name, **few_blocks(name)).eval(), _x(48, 40)

@@ -11,3 +11,21 @@ def few_blocks(name:str, blocks:int=2) -> dict:
     if 'depth' in arch: return dict(depth=blocks)
     if 'block_config' in arch: return dict(block_config=(blocks - blocks // 2, blocks // 2))
     return {}
+
+
+SIZES = ('embed_dim', 'depth', 'num_heads', 'mlp_ratio', 'growth_rate', 'block_config', 'patch_size')  # numbers only
+
+
+def design(name:str) -> tuple:
+    """What a registered variant's code paths depend on: its model class, the names of its architecture settings and
+    every setting that is not a size (tokens_type, block_fn, qkv_bias, ...). Variants of one design run the same code
+    at other widths, depths, head counts or image sizes."""
+    v = get_variant(name)
+    return v.model_cls, tuple(sorted(v.arch)), tuple(sorted((k, repr(x)) for k, x in v.arch.items() if k not in SIZES))
+
+
+def first_of_each_design(names) -> set:
+    "The first name of each design among `names` (the others differ from it only in sizes)."
+    firsts = {}
+    for n in names: firsts.setdefault(design(n), n)
+    return set(firsts.values())
