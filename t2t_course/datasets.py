@@ -8,6 +8,7 @@ __all__ = ['FOLDER_MARKER', 'BUILTIN_DATASETS', 'DEFAULT_DATASET', 'DIGITS_RECIP
 # %% ../nbs/modules/11_5_datasets.ipynb #bd24254a
 import json, os, shutil, tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -145,10 +146,13 @@ DIGITS_RECIPE = dict(  # a shrunk T2T-ViT-7 (0.62M parameters) on the digits at 
 DIGITS = register_dataset('digits', digits_folder, DIGITS_RECIPE, "scikit-learn's handwritten digits (8 x 8 px)")
 
 # %% ../nbs/11_data.ipynb #ec55ef96
+@lru_cache(maxsize=2 ** 14)  # 1797 digits x 8 sides (24-31 px), 11 MB: each upscale the cluttered digits need, once
+def _upscale_u8(pixels:bytes, side:int) -> np.ndarray:  # 64 bytes -> (side, side) uint8
+    return np.asarray(Image.frombytes('L', (8, 8), pixels).resize((side, side), Image.BILINEAR))
+
 def _upscale(img8:np.ndarray, side:int) -> np.ndarray:  # (8, 8) in [0, 1] -> (side, side) in [0, 1]
     "A digit resized bilinearly to `side` x `side` pixels."
-    im = Image.fromarray(np.rint(img8 * 255).astype(np.uint8)).resize((side, side), Image.BILINEAR)
-    return np.asarray(im, dtype=np.float64) / 255
+    return _upscale_u8(np.rint(img8 * 255).astype(np.uint8).tobytes(), side) / 255
 
 def cluttered_sample(digits:np.ndarray,      # (n, 8, 8) digit images in [0, 1]
                      i:int,                  # the digit to place
