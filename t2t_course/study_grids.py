@@ -8,6 +8,8 @@ __all__ = ['CLAIMS', 'EPOCHS', 'NO_EMA', 'WARMUP', 'TUNE_EPOCHS', 'TUNE_WARMUP',
 # %% ../nbs/modules/20_1_study_grids.ipynb #4be0aa0d
 from dataclasses import dataclass, field
 
+import torch
+
 from .core import SetupError
 from .models import create_model
 
@@ -117,7 +119,8 @@ def model_budget(sm:StudyModel, img_size:int, num_classes:int=10) -> dict:
     from t2t_course.backbone import count_macs
     key = (sm.model, repr(sorted(sm.model_kwargs.items())), img_size, num_classes)
     if key not in _BUDGETS:
-        m = create_model(sm.model, num_classes=num_classes, img_size=img_size, **sm.model_kwargs)
+        with torch.device('meta'):  # shapes only: no weights drawn, none needed to count
+            m = create_model(sm.model, num_classes=num_classes, img_size=img_size, **sm.model_kwargs)
         _BUDGETS[key] = dict(params=sum(p.numel() for p in m.parameters() if p.requires_grad), macs=count_macs(m, img_size)['total'])
     return dict(_BUDGETS[key])
 
