@@ -110,7 +110,7 @@ def _best(call, min_calls=2, min_s=0.1, max_calls=100):
 
 def worker(kind:str, n:int, batch:int=2, device:str='cpu', reps:int=5, dim:int=147, train:bool=False,
            threads:int=0) -> dict:
-    "One configuration in this (fresh) process: peak extra memory (MB) of one call, then its fastest time (ms)."
+    "One configuration in this process (fresh or forked warm): peak extra memory (MB) of one call, then its fastest time (ms)."
     import torch
     _malloc_settings()
     if threads: torch.set_num_threads(threads)

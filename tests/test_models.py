@@ -20,7 +20,7 @@ from t2t_course.backbone import count_macs, get_sinusoid_encoding
 from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, build_variant,
                                checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir)
 
-from variant_sizes import few_blocks, first_of_each_design
+from variant_sizes import few_blocks, first_of_each_design, shapes_only
 
 REF = Path(__file__).resolve().parents[1] / 'reference'
 OFFICIAL = json.loads((REF / 'official_state_dicts.json').read_text())
@@ -50,12 +50,6 @@ def _small(name, **kwargs):
 def _forget_built():
     yield
     _BUILT.clear()
-
-
-def _shapes_only(name, **kwargs):
-    """The registered model `name` built on the meta device: every parameter and buffer with its shape and no data, no
-    weights drawn (for the tests of layouts, configurations and MAC counts; the forward tests build for real)."""
-    with torch.device('meta'): return create_model(name, **kwargs)
 
 
 def _x(*size, batch=2): return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(1))
@@ -269,14 +263,14 @@ def test_any_input_size(name, size, depth):
 def test_default_cfg(name):
     "default_cfg reads the variant's fields: its size, release file and address, and follows img_size and num_classes."
     v = get_variant(name)
-    cfg = _shapes_only(name, img_size=32, num_classes=5).default_cfg
+    cfg = shapes_only(name, img_size=32, num_classes=5).default_cfg
     assert cfg['architecture'] == name and cfg['classifier'] == 'head'
     assert cfg['crop_pct'] == 0.9 and cfg['interpolation'] == 'bicubic'
     assert cfg['mean'] == (0.485, 0.456, 0.406) and cfg['std'] == (0.229, 0.224, 0.225)
     assert cfg['input_size'] == (3, 32, 32) and cfg['num_classes'] == 5  # follow the overrides
     assert (cfg['file'], cfg['url'], cfg['top1']) == (v.file, v.url, v.top1)
     assert v.file is None or (cfg['file'].endswith('.pth.tar') and cfg['url'].endswith(cfg['file']))
-    model = _shapes_only(name, pretrained=False)
+    model = shapes_only(name, pretrained=False)
     assert model.default_cfg['input_size'] == (3, v.img_size, v.img_size) and model.img_size == (v.img_size, v.img_size)
     assert model.pretrained_cfg is model.default_cfg
 
@@ -285,7 +279,7 @@ def test_default_cfg(name):
 def test_official_state_dict_layout(name):
     "Identical key set and shapes, total and trainable numel, for every official entry."
     ref = OFFICIAL[name]
-    model = _shapes_only(name.replace('@384', '_384'))
+    model = shapes_only(name.replace('@384', '_384'))
     sd = model.state_dict()
     assert {k: list(v.shape) for k, v in sd.items()} == ref['keys']
     assert sum(v.numel() for v in sd.values()) == ref['state_dict_numel']
@@ -446,7 +440,7 @@ def test_wrong_variant_is_named():
 
 @pytest.mark.parametrize('name, img_size', [(n, None) for n in MODELS if official_name(n) in OFFICIAL_MACS] + [('t2t_vit_t_14', 384)])
 def test_macs_match_official(name, img_size):
-    model = _shapes_only(name, **({'img_size': img_size} if img_size else {}))
+    model = shapes_only(name, **({'img_size': img_size} if img_size else {}))
     key = official_name(name) if img_size is None else f'{name}@{img_size}'
     ref = OFFICIAL_MACS[key]
     macs = count_macs(model, model.img_size)

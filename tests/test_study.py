@@ -48,7 +48,7 @@ def test_cluttered_digits_split_by_source_and_trainable(tmp_path, monkeypatch):
     """The built folders' counts and splits (by source digit; the tune split inside the training split), then one epoch
     of `t2t_train --data cluttered_digits` through the registered name and its recipe, on a copy of the built folder
     cut to 12 images per class (a folder with its own record, in a cache folder of its own): the same path from the
-    name to the checkpoint as on the whole folder, whose epoch costs a minute of CPU (chapter 20 trains on it)."""
+    name to the checkpoint as on the whole folder, whose epoch costs a minute of CPU (chapter 20's grid trains on it)."""
     root, tune = cluttered_digits_folder(), cluttered_tune_folder()
     train, val = ImageFolderDataset(root / 'train'), ImageFolderDataset(root / 'val')
     src = lambda ds: {Path(p).name.split('_')[0] for p, _ in ds.samples}

@@ -2,7 +2,9 @@
 
 Shared by the tests that run every variant (test_models, test_fast_paths, test_timm): the blocks of a variant are one
 code object repeated, so a few of them hold every path a test can take, at a fraction of the cost of the full depth."""
-from t2t_course.models import get_variant
+import torch
+
+from t2t_course.models import create_model, get_variant
 
 
 def few_blocks(name:str, blocks:int=2) -> dict:
@@ -29,3 +31,9 @@ def first_of_each_design(names) -> set:
     firsts = {}
     for n in names: firsts.setdefault(design(n), n)
     return set(firsts.values())
+
+
+def shapes_only(name:str, **kwargs):
+    """The registered model `name` built on the meta device: every parameter and buffer with its shape and no data, no
+    weights drawn (for the tests of layouts, configurations and MAC counts; the forward tests build for real)."""
+    with torch.device('meta'): return create_model(name, **kwargs)
