@@ -7,7 +7,7 @@ __all__ = ['RESULT_COLUMNS', 'CONTROLLED_FLAGS', 'IMAGENET_TRAIN_IMAGES', 'read_
            'StudyStopped', 'run_study', 'grid_cost', 'build_study_parser', 'print_plan', 'study_main']
 
 # %% ../nbs/20_study.ipynb #77c6367a
-import argparse, csv, io, json, os, signal, subprocess, sys, time
+import argparse, csv, difflib, io, json, os, shlex, signal, subprocess, sys, time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -124,6 +124,16 @@ def _start(args:list, run:Path, resume:bool) -> WarmPopen:
         return WarmPopen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
 
+def _differs(kept:str, asked:list) -> str:
+    "How a kept run's recorded `t2t_train` arguments differ from the ones this study would give it ('' if they do not)."
+    a = shlex.split(kept)
+    if a == asked: return ''
+    def span(toks, i, j):  # the changed tokens, with the flag of a changed value
+        if i > 0 and toks[i - 1].startswith('-') and (i == j or not toks[i].startswith('-')): i -= 1
+        return ' '.join(toks[i:j]) or '(nothing)'
+    ops = difflib.SequenceMatcher(a=a, b=asked, autojunk=False).get_opcodes()
+    return '; '.join(f"{span(a, i1, i2)} there, {span(asked, j1, j2)} here" for op, i1, i2, j1, j2 in ops if op != 'equal')
+
 def run_study(grid:str='claims',   # a key of GRIDS
               data=None,           # a built-in dataset or an ImageNet-layout folder (None: the grid's)
               seeds=None,          # the seeds of every model (None: the grid's)
@@ -150,10 +160,15 @@ def run_study(grid:str='claims',   # a key of GRIDS
     if held and not resume:
         raise SetupError(f"{out} already holds a study (results.csv): pass resume=True (--resume) to continue it, or another output")
     with lock_run_folder(out):                                 # one study per folder, as one run per run folder
-        if is_builtin(data): data_root(data)  # write a built-in dataset once, before the runs race to do it
-        num_classes = len([d for d in (data_root(data) / 'train').iterdir() if d.is_dir() and not d.name.startswith('.')])
         rows, damaged = read_results(results_path, report_damaged=True)
         for line, why in damaged: print(f"t2t_study: {results_path} line {line} is damaged ({why}): its run is done again", file=sys.stderr)
+        asked = {sm.label: sm for sm in chosen}
+        for r in (r for r in rows if r['model'] in asked):     # one study, one recipe: a kept run must be what this call would run
+            d = _differs(r['args'], _train_args(asked[r['model']], r['seed'], data, epochs, size, extra_args))
+            if d: raise SetupError(f"{results_path} holds {r['model']} seed {r['seed']} trained with other arguments than this study "
+                                   f"would give it ({d}): resume with the flags it was started with, or choose another output")
+        if is_builtin(data): data_root(data)  # write a built-in dataset once, before the runs race to do it
+        num_classes = len([d for d in (data_root(data) / 'train').iterdir() if d.is_dir() and not d.name.startswith('.')])
         done = {(r['model'], r['seed']) for r in rows}
         todo = [(sm, s) for s in seeds for sm in chosen if (sm.label, s) not in done]  # seed by seed: every seed a complete grid
         budgets = {sm.label: model_budget(sm, size or 224, num_classes) for sm in chosen}

@@ -112,7 +112,8 @@ def test_study_paths_the_os_refuses(tmp_path, where):
 
 
 def test_study_copied_and_any_selection(tmp_path):
-    "A study copied elsewhere and resumed from another folder reads its own runs; one model alone gets a report."
+    """A study copied elsewhere and resumed from another folder reads its own runs; one model alone gets a report; resumed
+    with another recipe (here --epochs) it refuses, naming what differs."""
     out = tmp_path / 'study'
     p = study(out)
     assert p.returncode == 0 and 'no claim has both of its sides' in p.stdout, p.stdout[-2000:]
@@ -122,3 +123,7 @@ def test_study_copied_and_any_selection(tmp_path):
     p = study(copy, '--resume', cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (copy / read_results(copy / 'results.csv')[0]['run'] / 'metrics.csv').is_file()
+    kept = (copy / 'results.csv').read_bytes()      # continued with another recipe: refused with what differs, nothing run
+    p = study(copy, '--resume', '--epochs', '2', cwd=tmp_path)
+    assert p.returncode == 2 and 'vit_48 seed 0' in p.stderr and '--epochs 1 there, --epochs 2 here' in p.stderr, p.stderr[-2000:]
+    assert 'Traceback' not in p.stderr and (copy / 'results.csv').read_bytes() == kept
