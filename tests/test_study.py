@@ -39,6 +39,51 @@ def test_readme_reports_the_committed_claims_grid():
         assert table in readme, f"README.md's experiments section is not the committed rows' report; it should hold:\n{table}"
 
 
+def _committed_grid_numbers():
+    """Every number a text may quote from a committed run of the claims grid (today's and the earlier ones kept beside it):
+    each claim's interval (difference, low, high) at every size `family_table` reads, and per model its seed mean and
+    every single run's top-1."""
+    intervals, accs = set(), {}
+    for f in [REPO / 'nbs' / 'study' / 'claims' / 'results.csv', *sorted((REPO / 'nbs' / 'study').glob('claims_*.csv'))]:
+        rows = complete_seeds(read_results(f), grid_models('claims'))
+        intervals |= {(c['diff'], c['lo'], c['hi']) for c in claim_table(rows) + family_table(rows) if c['n']}
+        for r in rows: accs.setdefault(r['model'], set()).add(r['val_acc1'])
+        for s in summarize(rows): accs[s['model']].add(s['acc_mean'])
+    return intervals, accs
+
+
+def _quotes(text:str, pattern):
+    "The matches of `pattern` in `text`, with any run of white space (a line break of the prose) read as one space."
+    return pattern.findall(' '.join(text.split()))
+
+
+def test_the_texts_quote_the_committed_grid():
+    """The prose of chapters 20 and 21 and of the README quotes the grid's numbers by hand: every interval written as
+    `+8.0 [+3.3, +12.7]` (or `+8.0 points [...]`) is one the committed rows give, to the digits written, and so is every
+    top-1 written after a model's label (`t2t_64 89.1%`: a seed mean or one run). A grid re-run without the prose
+    rewritten fails here."""
+    import re
+    intervals, accs = _committed_grid_numbers()
+    num = r'([+-]\d+\.\d+)'
+    interval = re.compile(num + r'(?: points)? \[' + num + ', ' + num + r'\]')
+    top1 = re.compile(r'`?\b(' + '|'.join(accs) + r')\b`?:? (?:reaches |at )?(\d+\.\d+)%')
+    texts = {'README.md': (REPO / 'README.md').read_text()}
+    for nb in ('20_study', '21_visualise'):
+        cells = json.loads((REPO / 'nbs' / f'{nb}.ipynb').read_text())['cells']
+        texts[nb] = '\n\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
+    same = lambda quoted, x: round(x, len(quoted.split('.')[1])) == float(quoted)
+    checked, wrong = 0, []
+    for name, text in texts.items():
+        for q in _quotes(text, interval):
+            checked += 1
+            if not any(all(same(a, b) for a, b in zip(q, iv)) for iv in intervals): wrong.append(f"{name}: {q[0]} [{q[1]}, {q[2]}]")
+        for label, acc in _quotes(text, top1):
+            checked += 1
+            if not any(same(acc, x) for x in accs[label]): wrong.append(f"{name}: {label} {acc}%")
+    assert not wrong, "quoted, but no committed run of the claims grid gives it (to the digits written):\n" + '\n'.join(wrong)
+    assert checked >= 20   # the verdicts of chapter 20 and the README are quoted, not only tabulated
+
+
 def test_complete_seeds_keeps_whole_seeds_only():
     rows = [dict(model=m, seed=s) for s in (0, 1) for m in 'ab'] + [dict(model='a', seed=2)]
     assert {r['seed'] for r in complete_seeds(rows)} == {0, 1}
