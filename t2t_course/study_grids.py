@@ -43,7 +43,7 @@ def _t2t(width:int, heads:int) -> dict: return dict(embed_dim=width, num_heads=h
 def _vit(width:int, heads:int) -> dict: return dict(embed_dim=width, depth=4, num_heads=heads, mlp_ratio=4.)  # ViT's wide MLP
 def _resnet(width:int) -> dict: return dict(widths=(width, 2 * width, 4 * width, 8 * width), layers=(1, 1, 1, 1))
 
-EPOCHS = 20                      # every run of the claims grid: 20 x 11,496 images (229,920 samples), where the curves flatten
+EPOCHS = 30                      # every run of the claims grid: 30 x 11,496 images (344,880 samples), where the curves flatten
 NO_EMA = ('--ema-decay', '0')     # the final weights are what is compared: no EMA to update or evaluate
 WARMUP = ('--warmup-epochs', '1')  # the same warm-up for every family of the claims grid
 TUNE_EPOCHS, TUNE_WARMUP = 5, ('--warmup-epochs', '0.5')  # the tune grid's (run once, short: 15 runs)
