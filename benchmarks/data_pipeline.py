@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from t2t_course.data import create_loader
-from t2t_course.pipeline import create_pipeline
-from t2t_course.testing import write_jpegs
+from t2t_course.data.pipelines import create_pipeline
+from t2t_course.data.synthetic import write_jpegs
 
 GOAL = 2.0
 

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from t2t_course.models import create_model
-from t2t_course.backbone import count_macs
+from t2t_course.models.t2t_vit import create_model
+from t2t_course.models.backbone import count_macs
 from t2t_course.data import (ImageFolderDataset, MixupCutmix, create_loader, create_loss, create_train_transform,
                              DATA_PRESETS)
-from t2t_course.optim import ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer
+from t2t_course.train.optim import ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer
 from t2t_course.train import TrainState, train_step
 
 # dense bf16 tensor-core peaks in TFLOPS (vendor data sheets, without sparsity), matched against torch's device name,

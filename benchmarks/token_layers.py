@@ -13,10 +13,8 @@ with the same seed, so the two paths of one layer have the same weights:
 - `performer`:                TokenPerformer, fast path (matmuls, float32 feature map);
 - `performer-naive`:          the same weights, the official einsum/repeat sequence.
 
-How it measures. Every measurement runs in a Python process of its own, so one configuration's
-allocations cannot hide or inflate another's: a fresh interpreter, or (`start='warm'`, one thread only)
-one forked from an interpreter that has imported torch once (`t2t_course.warm`, chapter 20), which
-saves the 2-3 CPU seconds of importing torch per measurement.
+How it measures. Every measurement runs in a fresh Python process of its own, so one configuration's
+allocations cannot hide or inflate another's.
 - Peak memory: after the layer and its input are built and a tiny warm-up call has loaded the
   kernels, the worker resets the kernel's peak-RSS counter (writes 5 to /proc/self/clear_refs) and
   records its current RSS; it runs one measured call and reports peak RSS (VmHWM; getrusage's
@@ -32,9 +30,6 @@ saves the 2-3 CPU seconds of importing torch per measurement.
   (MALLOC_MMAP_THRESHOLD_=32 MiB, no trimming): otherwise whether a call re-faults its 10-50 MB of
   temporaries depends on the order of frees and varied by 1.7x between identical processes. Blocks
   above 32 MiB (the materialized N x N matrices) are still fresh pages on every call, as in any run.
-  A forked worker's malloc has read its settings long before: the worker sets the same two thresholds
-  with glibc's mallopt, which fixes them as the variables do. OpenMP reads its wait policy once, when
-  it loads, so a warm start is for one thread only (no OpenMP thread waits).
 
 It prints a table and then the two required ratios with PASS/FAIL:
 1. at 9216 tokens the SDPA TokenTransformer's peak memory is at most half the materialized path's;
@@ -54,27 +49,14 @@ WORKER_ENV = {'OMP_WAIT_POLICY': 'PASSIVE',
 
 
 # ---------------------------------------------------------------- inside a worker process
-_MALLOPT = {'MALLOC_MMAP_THRESHOLD_': -3, 'MALLOC_TRIM_THRESHOLD_': -1}   # glibc's M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-
-
-def _malloc_settings():
-    "Set glibc malloc's thresholds from the environment with mallopt (a forked worker's malloc read it long ago)."
-    if not sys.platform.startswith('linux'): return
-    import ctypes, ctypes.util
-    try: libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
-    except OSError: return
-    for var, param in _MALLOPT.items():
-        if os.environ.get(var, '').isdigit() and hasattr(libc, 'mallopt'): libc.mallopt(param, int(os.environ[var]))
-
-
 def _build(kind, dim, device):
     "The layer of `kind` (eval mode), first-layer widths: dim -> 64, seed 0."
     import torch
     try: import t2t_course  # noqa: F401
     except ImportError: sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from t2t_course.core import set_fast_paths
-    from t2t_course.t2t_layer import TokenTransformer
-    from t2t_course.performer import TokenPerformer
+    from t2t_course.models.t2t_layer import TokenTransformer
+    from t2t_course.models.performer import TokenPerformer
     torch.manual_seed(0)
     layer = TokenTransformer(dim, 64) if kind.startswith('transformer') else TokenPerformer(dim, 64)
     set_fast_paths(layer, kind in ('transformer-sdpa', 'performer'))  # SDPA (fused_attn) or batched_favor, or neither
@@ -110,9 +92,8 @@ def _best(call, min_calls=2, min_s=0.1, max_calls=100):
 
 def worker(kind:str, n:int, batch:int=2, device:str='cpu', reps:int=5, dim:int=147, train:bool=False,
            threads:int=0) -> dict:
-    "One configuration in this process (fresh or forked warm): peak extra memory (MB) of one call, then its fastest time (ms)."
+    "One configuration in this process: peak extra memory (MB) of one call, then its fastest time (ms)."
     import torch
-    _malloc_settings()
     if threads: torch.set_num_threads(threads)
     call = _setup(kind, n, batch, device, dim, train)
     gc.collect()
@@ -123,27 +104,20 @@ def worker(kind:str, n:int, batch:int=2, device:str='cpu', reps:int=5, dim:int=1
 
 
 # ---------------------------------------------------------------- driver
-def _spawn(fn_name, env=None, start='fresh', **kw):
-    "Run the worker `fn_name(**kw)` in a process of its own (`start`: fresh or warm) with extra environment `env`."
+def _spawn(fn_name, env=None, **kw):
+    "Run the worker `fn_name(**kw)` in a fresh process of its own with extra environment `env`."
     env = {**os.environ, **{k: v for k, v in {**WORKER_ENV, **(env or {})}.items() if k not in os.environ}}
-    if start not in ('fresh', 'warm'): raise ValueError(f"start must be 'fresh' or 'warm', got {start!r}")
-    if start == 'warm' and kw.get('threads') != 1:
-        raise ValueError("start='warm' needs threads=1: OpenMP's wait policy was read when the warm interpreter loaded it")
-    runner = subprocess.run
-    if start == 'warm':
-        try: from t2t_course.warm import warm_run as runner
-        except ImportError: pass                                   # no t2t_course installed: a fresh process
-    res = runner([sys.executable, str(Path(__file__).resolve()), '--worker', json.dumps(dict(fn=fn_name, kw=kw))],
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), '--worker', json.dumps(dict(fn=fn_name, kw=kw))],
                  capture_output=True, text=True, check=False, env=env)
     if res.returncode != 0: raise RuntimeError(f"benchmark worker {fn_name}({kw}) failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def measure(kind:str, n:int, batch:int=2, device:str='cpu', reps:int=5, dim:int=147, train:bool=False,
-            threads:int=0, start:str='fresh') -> dict:
+            threads:int=0) -> dict:
     "Peak memory and fastest time of one configuration, in a process of its own (see the module docstring)."
     if kind not in KINDS: raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return _spawn('worker', start=start, kind=kind, n=n, batch=batch, device=device, reps=reps, dim=dim, train=train,
+    return _spawn('worker', kind=kind, n=n, batch=batch, device=device, reps=reps, dim=dim, train=train,
                   threads=threads)
 
 
@@ -157,12 +131,12 @@ def measure_scaling(kind:str='performer', n_small:int=2304, n_big:int=9216, repe
 
 
 def run(kinds=KINDS, lengths=LENGTHS, batch:int=2, device:str='cpu', reps:int=5, dim:int=147,
-        train:bool=False, threads:int=0, verbose:bool=True, start:str='fresh') -> list:
+        train:bool=False, threads:int=0, verbose:bool=True) -> list:
     "Measure every (kind, length), each in a process of its own; return one result dict per configuration."
     rows = []
     for n in lengths:
         for kind in kinds:
-            rows.append(measure(kind, n, batch, device, reps, dim, train, threads, start))
+            rows.append(measure(kind, n, batch, device, reps, dim, train, threads))
             if verbose: print(f"  measured {kind} at N={n}", file=sys.stderr, flush=True)
     return rows
 

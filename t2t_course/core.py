@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'is_static', 'to_2tuple', 'image_size', 'check_image_batch',
            'check_tokens', 'in_test', 'in_ipython', 'stdout_to_devnull', 'SetupError', 'CheckpointError',
-           'default_cache_dir', 'set_seed', 'set_fast_paths', 'sample_image_path', 'load_image', 'load_sample_image',
-           'denormalize', 'to_numpy_image', 'show_image', 'show_images', 'draw_token_grid', 'draw_box']
+           'default_cache_dir', 'lazy_exports', 'set_seed', 'set_fast_paths', 'sample_image_path', 'load_image',
+           'load_sample_image', 'denormalize', 'to_numpy_image', 'show_image', 'show_images', 'draw_token_grid',
+           'draw_box']
 
 # %% ../nbs/00_core.ipynb #bd7d658f
 import os, random
@@ -95,6 +96,24 @@ class CheckpointError(ValueError):
 def default_cache_dir() -> Path:
     "The course's cache folder: `$T2T_COURSE_CACHE`, else `~/.cache/t2t_course`."
     return Path(os.environ.get('T2T_COURSE_CACHE') or Path.home() / '.cache' / 't2t_course')
+
+# %% ../nbs/00_core.ipynb #9e8eb849
+def lazy_exports(package:str,  # the package's `__name__`
+                 modules:list  # its modules in reading order; a name is taken from the first whose `__all__` has it
+                ) -> tuple:    # `(__getattr__, __dir__)` for the package's `__init__.py`
+    "A package's public names, gathered from its `modules` and each module imported when first asked for (PEP 562)."
+    import importlib
+    def __getattr__(name):
+        if name in modules: return importlib.import_module(f'{package}.{name}')
+        if not name.startswith('_'):
+            for m in modules:
+                mod = importlib.import_module(f'{package}.{m}')
+                if name in getattr(mod, '__all__', ()): return getattr(mod, name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    def __dir__():
+        mods = [importlib.import_module(f'{package}.{m}') for m in modules]
+        return sorted({*modules, *(n for mod in mods for n in getattr(mod, '__all__', ()))})
+    return __getattr__, __dir__
 
 # %% ../nbs/00_core.ipynb #c42cd87b
 def set_seed(seed:int=42,            # seed for `random`, NumPy and PyTorch (all devices)

@@ -13,8 +13,8 @@ import torch.nn as nn
 import timm
 from timm.models import PretrainedCfg, generate_default_cfgs, is_model, model_entrypoint, register_model
 
-from .models import variant_cfg, create_model, get_variant, list_models, load_checkpoint, weights_dir
-from .performer import TokenPerformer
+from .models.t2t_vit import variant_cfg, create_model, get_variant, list_models, load_checkpoint, weights_dir
+from .models.performer import TokenPerformer
 
 def _from_timm(name:str, *modules:str):
     "`name` from the first of timm's `modules` that has it (timm moves its internals between releases), else an ImportError naming timm's version."

@@ -68,7 +68,7 @@ def no_cuda() -> bool:
 @contextlib.contextmanager
 def cpu_pin(item):
     """Pin `item` to the CPU unless it is marked `cuda`: `torch.cuda.is_available()` is False (device 'auto' resolves
-    through it, in `t2t_course.distributed.resolve_device`) and `CUDA_VISIBLE_DEVICES=''` for the processes it starts.
+    through it, in `t2t_course.train.distributed.resolve_device`) and `CUDA_VISIBLE_DEVICES=''` for the processes it starts.
     The library calls `torch.cuda.is_available` by attribute everywhere, so replacing the attribute is enough."""
     if "cuda" in item.keywords:
         yield

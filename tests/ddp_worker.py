@@ -7,11 +7,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from t2t_course.models import create_model
+from t2t_course.models.t2t_vit import create_model
 from t2t_course.data import create_datasets, create_loader, create_loss
-from t2t_course.config import TrainConfig
-from t2t_course.distributed import ShardSampler, all_gather_objects, all_reduce_sum, setup_distributed
-from t2t_course.evaluate import evaluate
+from t2t_course.train.config import TrainConfig
+from t2t_course.train.distributed import ShardSampler, all_gather_objects, all_reduce_sum, setup_distributed
+from t2t_course.train.evaluate import evaluate
 from t2t_course.train import build_run, forward_backward, train, train_step
 
 # A deterministic tiny model: transformer token layers (no dropout), no drop path.

@@ -8,16 +8,8 @@ FAULT is `none` or KIND[@RANK]:K, the fault after optimizer step K (on process R
   kill          SIGKILL to this process (a dead peer)"""
 import os, signal, sys
 
-from t2t_course.cli import main
-from t2t_course.train import Callback, NanAfterStep, SignalAfterStep
-
-
-class RaiseAfterStep(Callback):
-    "Raise `signums` in this process, one after the other, after optimizer step `step`."
-    def __init__(self, step, *signums): self.step, self.signums = step, signums
-    def after_step(self, run):
-        if run.state.step == self.step:
-            for s in self.signums: signal.raise_signal(s)
+from t2t_course.train.cli import main
+from support.faults import NanAfterStep, RaiseAfterStep, SignalAfterStep
 
 
 def fault(spec:str) -> list:

@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from t2t_course.models import create_model
+from t2t_course.models.t2t_vit import create_model
 from t2t_course.data import create_loss
-from t2t_course.config import TrainConfig
+from t2t_course.train.config import TrainConfig
 from t2t_course.train import forward_backward, train
 
 TINY = dict(tokens_type='transformer', embed_dim=32, depth=1, num_heads=2, mlp_ratio=2., token_dim=16)

@@ -1,10 +1,10 @@
-"Chapter 03 (`t2t_course.attention`): attention functions, Attention, Mlp, DropPath, Block; both paths."
+"Chapter 03 (`t2t_course.models.attention`): attention functions, Attention, Mlp, DropPath, Block; both paths."
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from t2t_course.attention import (attention, attention_naive, set_fused_attn, Attention, Mlp, drop_path,
+from t2t_course.models.attention import (attention, attention_naive, set_fused_attn, Attention, Mlp, drop_path,
                                   DropPath, Block)
 from official_reference import softmax_attention_loops, block_reference, OFFICIAL_BLOCK_384, perturb_, max_rel_err
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from t2t_course.warm import warm_run
+from support.warm import warm_run
 
 import conftest  # tests/conftest.py: pytest puts tests/ on sys.path (rootdir conftest, no __init__.py)
 
@@ -47,7 +47,7 @@ def _blockers(root:Path, version:str=None) -> Path:
 
 def _pytest(args, fakes:Path):
     """`python -m pytest ARGS` in the repository with `fakes` first on PYTHONPATH; the CompletedProcess. Started warm
-    (`t2t_course.warm`: forked from an interpreter that has imported torch and t2t_course, never timm or onnx, so the
+    (`tests/support/warm.py`: forked from an interpreter that has imported torch and t2t_course, never timm or onnx, so the
     fakes still decide what those imports do; the launcher applies PYTHONPATH as a fresh interpreter would)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fakes), *filter(None, [os.environ.get('PYTHONPATH')])]),
                PYTHONWARNINGS='ignore')
@@ -89,7 +89,7 @@ def test_plain_collection_skips_test_timm_with_the_reason(tmp_path, version):
 def test_a_test_not_marked_cuda_is_pinned_to_the_cpu():
     assert torch.cuda.is_available() is False and torch.cuda.is_available is conftest.no_cuda
     assert os.environ['CUDA_VISIBLE_DEVICES'] == ''
-    from t2t_course.distributed import resolve_device
+    from t2t_course.train.distributed import resolve_device
     assert resolve_device('auto').type == 'cpu'  # how the library resolves device 'auto'
     p = subprocess.run([sys.executable, '-c', 'import os, torch; print(os.environ["CUDA_VISIBLE_DEVICES"] == "", torch.cuda.is_available())'],
                        capture_output=True, text=True, timeout=120)

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from PIL import Image, ImageFile
 from torchvision.transforms import v2
 
-from t2t_course.warm import WarmPopen, warm_run
+from support.warm import WarmPopen, warm_run
 from t2t_course.core import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 import t2t_course.data as data
-import t2t_course.datasets as datasets  # the built-in datasets' module (chapter 11)
+import t2t_course.data.datasets as datasets  # the built-in datasets' module (chapter 11)
 from t2t_course.data import (BadImageError, BadImageLog, BadSample, DATA_PRESETS, FOLDER_MARKER, ImageFolderDataset,
                              MixupCutmix, collate_skip_bad, create_datasets, create_eval_transform, create_loader,
                              create_loss, create_train_transform, digits_folder, load_rgb, prepare_imagenet_val,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from t2t_course.warm import WarmPopen, warm_run
+from support.warm import WarmPopen, warm_run
 from t2t_course import create_model
 from t2t_course.core import sample_image_path
 from t2t_course.deploy import check_onnx, export_onnx, export_program, imagenet_classes, predict_main

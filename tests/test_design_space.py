@@ -1,4 +1,4 @@
-"""The paper's five CNN-inspired designs (chapter 10, `t2t_course.design_space`).
+"""The paper's five CNN-inspired designs (chapter 10, `t2t_course.models.design_space`).
 
 - the official layouts (keys, shapes, total and trainable counts) against reference/official_design_space.json,
   and the MACs against the official (fvcore) counts in reference/official_macs.json;
@@ -19,9 +19,9 @@ import torch
 import t2t_course
 from t2t_course import create_model, list_models
 from t2t_course.core import set_fast_paths
-from t2t_course.backbone import count_macs, drop_path_rates
-from t2t_course.models import get_variant, checkpoint_filter_fn
-from t2t_course.design_space import DenseBlock, GhostMlp, PAPER_TABLE6
+from t2t_course.models.backbone import count_macs, drop_path_rates
+from t2t_course.models.t2t_vit import get_variant, checkpoint_filter_fn
+from t2t_course.models.design_space import DenseBlock, GhostMlp, PAPER_TABLE6
 from official_design_reference import DESIGNS, official_layout, official_state_dict, official_logits
 from variant_sizes import shapes_only
 
@@ -44,7 +44,7 @@ def test_registered_by_import_without_weights():
     assert not set(NAMES.values()) & set(list_models(pretrained=True))
     assert list_models(pretrained=True) == ['t2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14', 't2t_vit_14_384',
                                             't2t_vit_19', 't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24']
-    assert t2t_course.design_space.t2t_vit_dense is not None
+    assert t2t_course.models.design_space.t2t_vit_dense is not None
     for name in NAMES.values():
         v = get_variant(name)
         assert (v.file, v.url, v.top1, dict(v.recipe), v.img_size) == (None, None, None, {}, 224)

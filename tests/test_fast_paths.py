@@ -15,11 +15,11 @@ import torch.nn as nn
 
 from t2t_course import create_model, list_models, T2TViT
 from t2t_course.core import set_fast_paths
-from t2t_course.attention import attention, set_fused_attn, Block
-from t2t_course.t2t_layer import TokenTransformer
-from t2t_course.performer import TokenPerformer
-from t2t_course.t2t_module import T2TModule
-from t2t_course.backbone import count_macs
+from t2t_course.models.attention import attention, set_fused_attn, Block
+from t2t_course.models.t2t_layer import TokenTransformer
+from t2t_course.models.performer import TokenPerformer
+from t2t_course.models.t2t_module import T2TModule
+from t2t_course.models.backbone import count_macs
 from official_reference import model_grads, perturb_, max_rel_err
 from variant_sizes import few_blocks
 

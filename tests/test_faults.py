@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from t2t_course.warm import WarmPopen, warm_run
+from support.warm import WarmPopen, warm_run
 from test_train import PY, REPO, TINY_ARGS, call, make_folder, run
-from t2t_course.cli import eval_main, main
+from t2t_course.train.cli import eval_main, main
 from t2t_course.data import ImageFolderDataset
 
 FAULT = ['tests/fault_run.py']
@@ -148,7 +148,7 @@ def test_a_full_disk_at_save_keeps_the_previous_checkpoint(folder, tmp_path):
 
 def test_no_space_left_names_the_cause(folder, tmp_path, monkeypatch):
     import errno
-    import t2t_course.checkpoint as ckpt
+    import t2t_course.train.checkpoint as ckpt
     real_fsync = os.fsync
     def full(fd):  # the disk fills up while the first checkpoint is written
         if '.last.pth.' in os.readlink(f'/proc/self/fd/{fd}'): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -207,7 +207,7 @@ def test_t2t_eval_bad_input(folder, tmp_path):
     code, _, err = call(eval_main, [str(out / 'last.pth'), '--model', 't2t_vit_14', '--workers', '0'])
     assert code == 2 and "was trained as t2t_vit_7 with {'embed_dim': 32" in err and "own architecture" in err, err
     (tmp_path / 'text.pth').write_text('hello')
-    p = run(['-c', 'import sys; from t2t_course.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))', str(tmp_path / 'text.pth'),
+    p = run(['-c', 'import sys; from t2t_course.train.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))', str(tmp_path / 'text.pth'),
              '--model', 't2t_vit_7', '--data', str(folder)])
     assert p.returncode == 2 and 'not a PyTorch checkpoint' in p.stderr, p.stderr
     no_traceback(p.stderr)

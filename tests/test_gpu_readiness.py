@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from t2t_course.warm import warm_run
+from support.warm import warm_run
 from t2t_course.data import create_datasets, digits_folder
-from t2t_course.distributed import SeededDataset
-from t2t_course.pipeline import create_pipeline
-from t2t_course.config import TrainConfig
+from t2t_course.train.distributed import SeededDataset
+from t2t_course.data.pipelines import create_pipeline
+from t2t_course.train.config import TrainConfig
 from t2t_course.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def test_ddp_nccl_on_every_visible_gpu(tmp_path):
     sys.path.insert(0, str(REPO / 'tests'))
     from test_train import make_folder
     from nccl_worker import TINY as NTINY
-    from t2t_course.models import create_model
+    from t2t_course.models.t2t_vit import create_model
     from t2t_course.data import create_loss
     n = torch.cuda.device_count()
     folder = make_folder(tmp_path / 'data')
@@ -131,8 +131,8 @@ def _count_reads(monkeypatch):
 
 def test_ema_update_reads_nothing_back(monkeypatch):
     "ModelEma keeps its update count on the host and its parameter lists cached: an update never waits for the device."
-    from t2t_course.models import create_model
-    from t2t_course.optim import ModelEma
+    from t2t_course.models.t2t_vit import create_model
+    from t2t_course.train.optim import ModelEma
     model = create_model('t2t_vit_7', num_classes=3, img_size=32, **TINY)
     ema = ModelEma(model, 0.99)
     ema.update_parameters(model)
@@ -146,7 +146,7 @@ def test_ema_update_reads_nothing_back(monkeypatch):
 def test_evaluate_reads_the_counts_once(monkeypatch):
     "evaluate sums loss, hits and the image count on the device and brings them to the host once, at the end."
     from t2t_course.data import Batch
-    from t2t_course.evaluate import evaluate
+    from t2t_course.train.evaluate import evaluate
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 7))
     loader = [Batch(torch.randn(5, 3, 2, 2), torch.randint(0, 7, (5,)), []) for _ in range(4)]

@@ -16,8 +16,8 @@ import torch.nn as nn
 import t2t_course
 from t2t_course import create_model, list_models, T2TViT
 from t2t_course.core import set_fast_paths
-from t2t_course.backbone import count_macs, get_sinusoid_encoding
-from t2t_course.models import (VARIANTS, Variant, get_variant, register_model, register_variant, build_variant,
+from t2t_course.models.backbone import count_macs, get_sinusoid_encoding
+from t2t_course.models.t2t_vit import (VARIANTS, Variant, get_variant, register_model, register_variant, build_variant,
                                checkpoint_filter_fn, load_checkpoint, resize_pos_embed, weights_dir)
 
 from variant_sizes import few_blocks, first_of_each_design, shapes_only
@@ -66,7 +66,7 @@ def test_import_is_light():
 def test_timm_contract_without_timm():
     "`import t2t_course` alone (timm unimportable) gives every model timm's contract methods (chapter 23's `contract`)."
     code = ("import sys; sys.modules['timm'] = None; import torch, t2t_course; "
-            "from t2t_course.backbone import feature_take_indices; "
+            "from t2t_course.models.backbone import feature_take_indices; "
             "m = t2t_course.create_model('t2t_vit_7', img_size=32, depth=2); m.set_grad_checkpointing(); "
             "r = t2t_course.create_model('resnet_baseline', num_classes=3, img_size=32).eval(); "
             "print(len(m.feature_info), m.group_matcher()['stem'], len(m.forward_intermediates(torch.zeros(1, 3, 32, 32), 1)[1]), "
@@ -144,7 +144,7 @@ def design_variant():
     def t2t_vit_test_half(pretrained=False, **kwargs): return build_variant('t2t_vit_test_half', pretrained, **kwargs)
     register_model(t2t_vit_test_half)
     yield 't2t_vit_test_half'
-    from t2t_course import models
+    from t2t_course.models import t2t_vit as models
     del models.VARIANTS['t2t_vit_test_half'], models._model_entrypoints['t2t_vit_test_half']
 
 
@@ -527,7 +527,7 @@ def test_tables_of_other_lengths_are_cached_outside_the_state_dict():
 
 
 def test_sinusoid_table_in_torch_ops_equals_numpys():
-    from t2t_course.backbone import sinusoid_table
+    from t2t_course.models.backbone import sinusoid_table
     for n, d in [(197, 384), (577, 256), (10, 7)]:
         assert (sinusoid_table(n, d) - get_sinusoid_encoding(n, d)).abs().max() <= 6e-8
 
@@ -570,7 +570,7 @@ def test_symbolic_sizes_pass_the_checks():
 ])
 def test_unreadable_checkpoints_are_named(kind, message, tmp_path):
     "create_model(pretrained=path) and load_checkpoint name the file and what was expected, never a raw unpickling error."
-    from t2t_course.models import CheckpointError
+    from t2t_course.models.t2t_vit import CheckpointError
     path = tmp_path / f'{kind}.pth'
     good = tmp_path / 'good.pth'
     torch.save({'state_dict': create_model('t2t_vit_7', img_size=32).state_dict()}, good)

@@ -1,4 +1,4 @@
-"Chapter 05 (`t2t_course.performer`): FAVOR+ properties, TokenPerformer against the official semantics, mixed precision."
+"Chapter 05 (`t2t_course.models.performer`): FAVOR+ properties, TokenPerformer against the official semantics, mixed precision."
 import math
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from t2t_course.core import set_fast_paths
-from t2t_course.performer import (gaussian_features, positive_features, trig_features, linear_attention,
+from t2t_course.models.performer import (gaussian_features, positive_features, trig_features, linear_attention,
                                   favor_attention, orthonormal_features, TokenPerformer)
 from official_reference import OFFICIAL_TOKEN_PERFORMER, token_performer_reference, perturb_, max_rel_err
 

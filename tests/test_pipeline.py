@@ -15,15 +15,15 @@ from scipy import stats
 from torchvision.transforms import RandomResizedCrop as RRC_v1, v2
 
 from t2t_course.data import BadImageError, ImageFolderDataset, create_eval_transform, create_loader, create_train_transform, load_rgb, mean_fill
-from t2t_course.pipeline import (PIPELINES, BatchPostCrop, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
+from t2t_course.data.pipelines import (PIPELINES, BatchPostCrop, DeviceEvalTransform, DeviceLoader, DeviceTrainAugment, DraftCrop,
                                  DraftResize, DraftPostCrop, FastCrop, PILRandAugment, FastPostCrop, KernelRandAugment, Normalize,
                                  BatchTransformLoader, collate_encoded, collate_uint8, create_pipeline, dct_scale,
                                  decode_images, erase_params, jpeg_header, open_drafted, pil_vertical_first,
                                  resize_uint8, rrc_box, read_encoded, sharpness_rgb, shear_bicubic)
-from t2t_course.testing import make_photo, write_jpegs
-from t2t_course.cli import build_parser, main
-from t2t_course.distributed import EpochSampler, SeededDataset
-from t2t_course.evaluate import close_loader
+from t2t_course.data.synthetic import make_photo, write_jpegs
+from t2t_course.train.cli import build_parser, main
+from t2t_course.train.distributed import EpochSampler, SeededDataset
+from t2t_course.train.evaluate import close_loader
 
 TINY_ARGS = ['--model', 't2t_vit_7', '--model-kwargs', 'embed_dim=32', 'depth=1', 'num_heads=2', 'mlp_ratio=2.0',
              'token_dim=16', '--img-size', '32', '--threads', '1', '--no-progress', '-b', '4', '--epochs', '1']
@@ -176,7 +176,7 @@ def test_lean_randaugment_is_torchvisions_bit_for_bit():
 @pytest.mark.parametrize('m', [0.27, -0.27, 0.05, -0.3])
 def test_shear_bicubic_is_pils(m):
     "Against PIL's own affine (as torchvision calls it): the same bytes, either axis, odd sizes; non-RGB falls back to PIL."
-    from t2t_course.pipeline import pil_shear
+    from t2t_course.data.pipelines import pil_shear
     rng = np.random.default_rng(1)
     for H, W in [(224, 224), (37, 100), (5, 3)]:
         img = Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8))

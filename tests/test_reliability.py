@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 import t2t_course
-from t2t_course.warm import warm_run
+from support.warm import warm_run
 from t2t_course.core import set_fast_paths
 from t2t_course.data import ImageFolderDataset, build_folder_once, digits_folder, load_rgb, prepare_imagenet_val
 from t2t_course.deploy import predict_main, read_image
-from t2t_course.models import CheckpointError, read_checkpoint
-from t2t_course.optim import SetupError
+from t2t_course.models.t2t_vit import CheckpointError, read_checkpoint
+from t2t_course.train.optim import SetupError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,8 +182,8 @@ def test_smaller_items(item, tmp_path):
         with pytest.raises(ValueError, match=r'name at least one block \(of 7\)'):
             model.forward_intermediates(torch.zeros(1, 3, 32, 32), indices=())
     elif item == 'workers above the CPUs':
-        from t2t_course.cli import main
-        from t2t_course.config import TrainConfig, resolve_config
+        from t2t_course.train.cli import main
+        from t2t_course.train.config import TrainConfig, resolve_config
         with pytest.raises(SetupError, match=r"workers \(\d+\) must be at most this machine's \d+ CPUs"):
             resolve_config(TrainConfig(data='digits', workers=(os.cpu_count() or 1) + 1))
     elif item == 'malicious pickle':
@@ -203,8 +203,8 @@ def test_smaller_items(item, tmp_path):
 def test_resume_takes_the_checkpoints_settings(case, tmp_path):
     "`--resume auto` with flags left out keeps the checkpoint's settings; a given flag that changes one is noted."
     from test_train import TINY_ARGS, call, make_folder
-    from t2t_course.cli import main
-    from t2t_course.checkpoint import read_checkpoint_dict
+    from t2t_course.train.cli import main
+    from t2t_course.train.checkpoint import read_checkpoint_dict
     data, out = make_folder(tmp_path / 'data', n_train=8, n_val=2), tmp_path / 'run'
     first = ['--data', str(data), *TINY_ARGS, '-b', '8', '--workers', '0', '--output', str(out), '--epochs', '1']
     code, _, err = call(main, [*first, '--weight-decay', '0.2', '--smoothing', '0.2', '--seed', '3', '--pipeline', 'pil'])
@@ -240,7 +240,7 @@ LONG = 'x' * 300  # one path component over the 255 bytes file systems allow
 def test_paths_the_os_refuses(command, tmp_path, trained):
     "A name too long, or a folder under a regular file: one line naming the path and the reason, exit 2, no traceback."
     from test_train import call
-    from t2t_course.cli import eval_main, main
+    from t2t_course.train.cli import eval_main, main
     from t2t_course.study import study_main
     long = str(tmp_path / LONG)
     (tmp_path / 'afile').write_text('')

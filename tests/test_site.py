@@ -104,8 +104,8 @@ def test_links_stay_inside(built):
 @needs_jb
 def test_names_index(built):
     html = (built / 'names.html').read_text(encoding='utf-8')
-    assert 'href="05_performer.html#t2t_course.performer.TokenPerformer"' in html
-    assert 'id="t2t_course.performer.TokenPerformer"' in (built / '05_performer.html').read_text(encoding='utf-8')
+    assert 'href="05_performer.html#t2t_course.models.performer.TokenPerformer"' in html
+    assert 'id="t2t_course.models.performer.TokenPerformer"' in (built / '05_performer.html').read_text(encoding='utf-8')
 
 
 def test_link_chapters():

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from t2t_course.core import to_2tuple
-from t2t_course.hard_split import hard_split, PatchEmbed
-from t2t_course.soft_split import (soft_split, soft_split_fast, soft_split_size, restructurize, SoftSplit, t2t_grid_sizes,
+from t2t_course.models.hard_split import hard_split, PatchEmbed
+from t2t_course.models.soft_split import (soft_split, soft_split_fast, soft_split_size, restructurize, SoftSplit, t2t_grid_sizes,
                                    coverage, T2T_SOFT_SPLITS)
 
 

@@ -53,7 +53,7 @@ def test_cycle_check_can_fail(tmp_path, monkeypatch):
 @pytest.mark.parametrize('module', ['config', 'run', 'loop', 'train'])
 def test_training_names_no_pipeline(module):
     "The training code and its config ask the registry (chapter 12) what a pipeline needs; no pipeline's name is in them."
-    from t2t_course.pipeline import PIPELINES
+    from t2t_course.data.pipelines import PIPELINES
     names = {n.value for n in ast.walk(ast.parse(MODULES[module].read_text()))
              if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert not names & set(PIPELINES), f"{module}.py names pipelines {sorted(names & set(PIPELINES))}"

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from test_train import REPO, call, run
-from t2t_course.cli import main
-from t2t_course.config import TrainConfig
+from t2t_course.train.cli import main
+from t2t_course.train.config import TrainConfig
 from t2t_course.data import ImageFolderDataset, cluttered_digits_folder, cluttered_tune_folder
-from t2t_course.datasets import FOLDER_MARKER, folder_files
-from t2t_course.models import create_model
+from t2t_course.data.datasets import FOLDER_MARKER, folder_files
+from t2t_course.models.t2t_vit import create_model
 from t2t_course.study import (CLAIMS, EPOCHS, GRIDS, FAMILY_LR, TUNE_EPOCHS, WARMUP, budget_table, claim_table, complete_seeds, family_table,
                               grid_models, interpolate, family_curve, read_results, report, seeds_to_settle, study_main, summarize,
                               t_interval, verdict)

@@ -5,7 +5,7 @@ import os, shutil, signal, subprocess, time
 
 import pytest
 
-from t2t_course.warm import WarmPopen
+from support.warm import WarmPopen
 from test_train import PY, REPO, call
 from t2t_course.study import read_results, study_main
 

@@ -1,10 +1,10 @@
-"Chapter 04 (`t2t_course.t2t_layer`): TokenTransformer against an independent reference of the official semantics."
+"Chapter 04 (`t2t_course.models.t2t_layer`): TokenTransformer against an independent reference of the official semantics."
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from t2t_course.attention import set_fused_attn
-from t2t_course.t2t_layer import TokenAttention, TokenTransformer
+from t2t_course.models.attention import set_fused_attn
+from t2t_course.models.t2t_layer import TokenAttention, TokenTransformer
 from official_reference import OFFICIAL_TOKEN_TRANSFORMER, token_transformer_reference, perturb_, max_rel_err
 
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import t2t_course
-from t2t_course.models import get_variant
+from t2t_course.models.t2t_vit import get_variant
 from variant_sizes import few_blocks
 
 try:  # timm is optional, and its internals move between releases: a timm without them skips this file, with the reason
@@ -264,7 +264,7 @@ def test_pretrained_from_local_files(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="pools with its cls token only, got global_pool='avg'"):
         timm.create_model('t2t_vit_7', global_pool='avg')
     (tmp_path / 'garbage.pth').write_bytes(b'not weights')
-    with pytest.raises(t2t_course.models.CheckpointError, match='garbage.pth: not a PyTorch checkpoint'):
+    with pytest.raises(t2t_course.models.t2t_vit.CheckpointError, match='garbage.pth: not a PyTorch checkpoint'):
         timm.create_model('t2t_vit_7', pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / 'garbage.pth')))
 
 

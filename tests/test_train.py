@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from t2t_course.warm import WarmPopen, warm_run
+from support.warm import WarmPopen, warm_run
 from t2t_course.data import create_eval_transform, create_loss, ImageFolderDataset
-from t2t_course.models import create_model
-from t2t_course.optim import ModelEma, WarmupCosineSchedule, param_groups_weight_decay, scale_lr
-from t2t_course.config import TrainConfig, recipe
-from t2t_course.train import NanAfterStep, train
-from t2t_course.cli import build_parser, eval_main, main
+from t2t_course.models.t2t_vit import create_model
+from t2t_course.train.optim import ModelEma, WarmupCosineSchedule, param_groups_weight_decay, scale_lr
+from t2t_course.train.config import TrainConfig, recipe
+from t2t_course.train import train
+from support.faults import NanAfterStep
+from t2t_course.train.cli import build_parser, eval_main, main
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -225,7 +226,7 @@ def test_sigterm_from_outside_stops_cleanly(folder, tmp_path):
     assert ck['epoch'] >= 1 and 'stopped by SIGTERM' in stdout
 
 
-EVAL_MAIN = 'import sys; from t2t_course.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))'
+EVAL_MAIN = 'import sys; from t2t_course.train.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))'
 
 
 def test_a_closed_stdout_stops_cleanly_and_resumes(folder, tmp_path):
@@ -384,7 +385,7 @@ def test_ddp_matches_a_single_process_on_the_combined_batch(folder, tmp_path):
     assert max_diff({n: p.grad for n, p in model.named_parameters()}, ddp['grads']) < 1e-5
     # evaluation: the all-reduced metrics of two shards equal those of the whole split
     from t2t_course.data import create_datasets, create_loader
-    from t2t_course.evaluate import evaluate
+    from t2t_course.train.evaluate import evaluate
     _, val = create_datasets(folder, 16, 'digits')
     single = evaluate(model, create_loader(val, 7), torch.device('cpu'))
     assert single['n'] == ddp['eval']['n'] == len(val) and single['acc1'] == ddp['eval']['acc1']
@@ -520,7 +521,7 @@ def test_default_output_folders_are_numbered(tmp_path, monkeypatch):
 
 
 def test_optimizer_uses_the_fused_kernel_when_available():
-    from t2t_course.optim import create_optimizer
+    from t2t_course.train.optim import create_optimizer
     opt = create_optimizer(create_model('t2t_vit_7', img_size=32, num_classes=10), lr=1e-3)
     assert opt.defaults.get('fused') in (True, None)  # None only on a torch without a fused CPU kernel
     if tuple(int(v) for v in torch.__version__.split('.')[:2]) >= (2, 4): assert opt.defaults['fused'] is True
@@ -567,9 +568,9 @@ def test_t2t_eval_caps_workers_and_prints_top5_only_when_it_means_something(fold
     out = tmp_path / 'run'
     code, _, err = call(main, ['--data', str(folder), *TINY_ARGS, '-b', '8', '--epochs', '1', '--output', str(out)])
     assert code == 0, err
-    p = run(['-m', 't2t_course.cli', '--help'])  # the module runs as t2t_train too
+    p = run(['-m', 't2t_course.train.cli', '--help'])  # the module runs as t2t_train too
     assert p.returncode == 0 and 'usage: t2t_train' in p.stdout
-    code = 'import sys; from t2t_course.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))'
+    code = 'import sys; from t2t_course.train.cli import eval_main; sys.exit(eval_main(sys.argv[1:]))'
     p = warm_run([PY, '-W', 'default', '-c', code, str(out / 'last.pth')], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert 'suggested max number of worker' not in p.stderr  # no more workers than CPUs

@@ -1,4 +1,4 @@
-"""`t2t_course.warm` (chapter 20): a command forked from the warm interpreter behaves as the same command started fresh.
+"""`tests/support/warm.py`: a command forked from the warm interpreter behaves as the same command started fresh.
 
 The commands here import nothing heavy, so the fresh interpreter they are compared with starts in a few hundredths of a
 second; chapter 20 compares a real `t2t_train` error both ways."""
@@ -6,7 +6,7 @@ import os, signal, subprocess, sys, time
 
 import pytest
 
-from t2t_course.warm import WarmPopen, warm_run
+from support.warm import WarmPopen, warm_run
 
 PY = sys.executable
 pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the warm start needs Linux (subreaper)')

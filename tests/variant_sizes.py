@@ -4,7 +4,7 @@ Shared by the tests that run every variant (test_models, test_fast_paths, test_t
 code object repeated, so a few of them hold every path a test can take, at a fraction of the cost of the full depth."""
 import torch
 
-from t2t_course.models import create_model, get_variant
+from t2t_course.models.t2t_vit import create_model, get_variant
 
 
 def few_blocks(name:str, blocks:int=2) -> dict:

@@ -20,10 +20,10 @@ DRAWN = ('resnet_16', 'vit_64', 't2t_64')   # chapter 21's three models, seed 0
 
 def save(study:Path, dest:Path) -> None:
     import torch
-    from t2t_course.datasets import data_root, get_dataset, is_builtin
+    from t2t_course.data.datasets import data_root, get_dataset, is_builtin
     from t2t_course.study import read_results, write_results
-    from t2t_course.transforms import create_datasets
-    from t2t_course.visualise import CHANNEL_COLUMNS, channel_table, probe_batch, run_model
+    from t2t_course.data.transforms import create_datasets
+    from t2t_course.study.visualise import CHANNEL_COLUMNS, channel_table, probe_batch, run_model
     rows = read_results(study / 'results.csv')
     if not rows: sys.exit(f"study_progress: no finished runs in {study / 'results.csv'}")
     (dest / 'checkpoints').mkdir(parents=True, exist_ok=True)

@@ -237,7 +237,7 @@ def names_page(libnames, built, titles):
             'Every public name of the library `t2t_course`, module by module in the order of the chapters, each '
             'linked to the cell of the chapter that builds it. `import t2t_course` gives `create_model`, '
             '`list_models` and `T2TViT`; the other names come from their modules, e.g. '
-            '`from t2t_course.performer import TokenPerformer`.\n']
+            '`from t2t_course.models.performer import TokenPerformer`.\n']
     for mod, stem, names in libnames:
         if stem not in built: continue
         links = ' '.join(f'<a class="name-link" href="{stem}.html' + (f'#{html.escape(mod + "." + n)}' if cid else '')
