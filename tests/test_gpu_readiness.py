@@ -55,11 +55,11 @@ def test_train_leaves_cudnn_and_tf32_switches_as_they_were(tmp_path):
 
 
 def test_every_cpu_ddp_launch_pins_the_cpu(monkeypatch, tmp_path):
-    "The DDP runs of the tests and of chapter 18's slow cell say device='cpu': on a GPU machine they must stay on gloo."
+    "The DDP runs of the tests and of chapter 18d's slow cell say device='cpu': on a GPU machine they must stay on gloo."
     sys.path.insert(0, str(REPO / 'tests'))
     from ddp_worker import config
     assert config(digits_folder(), '/tmp/unused', 4).device == 'cpu'
-    cells = json.loads((REPO / 'nbs' / '18_train.ipynb').read_text())['cells']
+    cells = json.loads((REPO / 'nbs' / '18d_loop.ipynb').read_text())['cells']
     ddp = [''.join(c['source']) for c in cells if 'torch.distributed.run' in ''.join(c['source'])]
     assert ddp and all("device='cpu'" in src for src in ddp)
     import test_faults

@@ -138,3 +138,11 @@ def test_parts_and_sidebar():
             title = next(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'markdown')
             want = 'Appendix' if cap == 'Appendices' else cap
             assert f'*{want}' in title, (s, cap)
+
+
+def test_a_chapter_of_sections_starts_at_its_first():
+    "'chapter 11' links to 11a, 'chapter 11b' to 11b; a chapter of one notebook keeps its number."
+    t = site.chapter_targets(['00_overview', '00_core', '07_backbone', '11a_images', '11b_loader'])
+    assert t == {'00': '00_core', '07': '07_backbone', '11': '11a_images', '11a': '11a_images', '11b': '11b_loader'}
+    assert site.link_chapters('chapters 11 and 11b', t, '05_performer') == \
+        'chapters [11](11a_images.ipynb) and [11b](11b_loader.ipynb)'

@@ -18,6 +18,12 @@ from t2t_course.models.t2t_vit import create_model
 from t2t_course.study import (CLAIMS, EPOCHS, GRIDS, FAMILY_LR, TUNE_EPOCHS, WARMUP, budget_table, claim_table, complete_seeds, family_table,
                               grid_models, interpolate, family_curve, read_results, report, seeds_to_settle, study_main, summarize,
                               t_interval, verdict)
+from support.warm import WarmPopen
+
+
+def warm_study(argv):
+    "`t2t_study`'s entry point in this process, its runs forked warm (tests/support/warm.py) instead of started fresh."
+    return study_main(argv, popen=WarmPopen)
 
 
 def test_main_job_runs_on_a_real_grid():
@@ -68,7 +74,7 @@ def test_the_texts_quote_the_committed_grid():
     interval = re.compile(num + r'(?: points)? \[' + num + ', ' + num + r'\]')
     top1 = re.compile(r'`?\b(' + '|'.join(accs) + r')\b`?:? (?:reaches |at )?(\d+\.\d+)%')
     texts = {'README.md': (REPO / 'README.md').read_text()}
-    for nb in ('20_study', '21_visualise'):
+    for nb in ('20a_grids', '20b_runner', '20c_analysis', '21_visualise'):
         cells = json.loads((REPO / 'nbs' / f'{nb}.ipynb').read_text())['cells']
         texts[nb] = '\n\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
     same = lambda quoted, x: round(x, len(quoted.split('.')[1])) == float(quoted)
@@ -191,9 +197,9 @@ def test_t2t_study_quick_writes_results_resumes_and_reproduces(tmp_path):
     assert code == 0, err
     again = list(csv.DictReader(open(tmp_path / 'again' / 'metrics.csv')))[-1]
     assert float(again['val_acc1']) == pytest.approx(row['val_acc1'], abs=1e-6)
-    code, _, err = call(study_main, ['--quick', '--output', str(out), '--resume', '--no-progress'])   # in this process:
+    code, _, err = call(warm_study, ['--quick', '--output', str(out), '--resume', '--no-progress'])   # in this process:
     assert code == 0 and len(read_results(out / 'results.csv')) == len(rows), err[-2000:]       # nothing left to run
-    code, _, err = call(study_main, ['--quick', '--output', str(out), '--no-progress'])
+    code, _, err = call(warm_study, ['--quick', '--output', str(out), '--no-progress'])
     assert code == 2 and 'already holds a study' in err
     progress = _study_progress()   # kept in a repository folder, restored into a new study, continued with nothing to run
     keep, new = tmp_path / 'kept', tmp_path / 'continued'
@@ -206,7 +212,7 @@ def test_t2t_study_quick_writes_results_resumes_and_reproduces(tmp_path):
     assert len(list(csv.DictReader(open(keep / 'channels.csv')))) == len(channels)
     progress.restore(keep, new)
     with pytest.raises(SystemExit, match='already holds a results.csv'): progress.restore(keep, new)
-    code, _, err = call(study_main, ['--quick', '--output', str(new), '--resume', '--no-progress'])
+    code, _, err = call(warm_study, ['--quick', '--output', str(new), '--resume', '--no-progress'])
     assert code == 0 and (new / 'results.csv').read_text() == (out / 'results.csv').read_text(), err[-2000:]
 
 
@@ -225,5 +231,5 @@ def _study_progress():
                                            (['--quick', '--output', '/tmp/never', '--train-args', '--seed', '3'],
                                             'the study sets --seed itself')])
 def test_t2t_study_bad_arguments(argv, message):
-    code, _, err = call(study_main, argv)
+    code, _, err = call(warm_study, argv)
     assert code == 2 and message in err, err

@@ -9,6 +9,11 @@ from support.warm import WarmPopen
 from test_train import PY, REPO, call
 from t2t_course.study import read_results, study_main
 
+
+def warm_study(argv):
+    "`t2t_study`'s entry point in this process, its runs forked warm (tests/support/warm.py) instead of started fresh."
+    return study_main(argv, popen=WarmPopen)
+
 ONE = ['--quick', '--models', 'vit_48', '--seeds', '0', '--no-progress']   # one run of a few seconds
 
 
@@ -18,7 +23,7 @@ def study(out, *extra, cwd=None):
     test; `cwd` runs it from another working directory."""
     with pytest.MonkeyPatch.context() as mp:
         if cwd is not None: mp.chdir(cwd)
-        code, out_, err = call(study_main, ['--output', str(out), *ONE, *extra])
+        code, out_, err = call(warm_study, ['--output', str(out), *ONE, *extra])
     return subprocess.CompletedProcess([], code, out_, err)
 
 

@@ -120,10 +120,10 @@ q() { printf '%q' "$1"; }
 # the test modules that mention the cuda mark (a decorator, pytestmark, parametrize's marks=; a mere mention costs only
 # its collection, and every cuda-marked test then runs: pytest -m cuda deselects the rest)
 cuda_modules() { grep -l 'mark\.cuda' tests/test_*.py 2>/dev/null | paste -sd' ' -; }
-cuda_notebooks() { grep -l '#| cuda' nbs/*.ipynb 2>/dev/null; }
+cuda_notebooks() { grep -lE '^ *"#\| cuda\\n",?$' nbs/*.ipynb 2>/dev/null; }   # a code cell whose first line is #| cuda
 nb_limit() {  # seconds for one notebook's run (whole, its #| cuda cells included), by estimate: never measured on a GPU
   if [ "$DRY" = 1 ]; then echo 240; return; fi  # on 2 busy cores here: 22-48 s and 58-119 s
-  case $(basename "$1") in 12_pipeline.ipynb) echo 45 ;; 18_train.ipynb) echo 100 ;; *) echo 60 ;; esac
+  case $(basename "$1") in 12c_gpu.ipynb) echo 45 ;; 18d_loop.ipynb) echo 100 ;; *) echo 60 ;; esac
 }
 
 if [ "$PHASE" = 1 ]; then

@@ -15,9 +15,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..core import in_ipython, stdout_to_devnull
+from ..core import SetupError, in_ipython, stdout_to_devnull
 from ..models.t2t_vit import checkpoint_filter_fn, create_model, list_models
-from ..core import SetupError
 from ..train.checkpoint import is_run_checkpoint, read_checkpoint_dict, name_architecture_error
 from ..train.distributed import resolve_device
 

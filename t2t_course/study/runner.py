@@ -17,7 +17,6 @@ from ..train.checkpoint import GracefulStop, atomic_write_text, lock_run_folder
 from .grids import EPOCHS, GRIDS, StudyModel, budget_table, format_table, grid_claims, grid_models, model_budget
 from .analysis import plot_curves, plot_families, report
 
-
 # %% ../../nbs/20b_runner.ipynb #3d0534d9
 RESULT_COLUMNS = ['model', 'family', 'seed', 'val_acc1', 'ema_val_acc1', 'params', 'macs', 'epochs', 'train_s', 'total_s',
                   'img_size', 'data', 'variant', 'model_kwargs', 'torch', 'threads', 'args', 'run', 'curve']
@@ -276,7 +275,9 @@ def print_plan(grid:str, seeds=None, epochs=None, peak_tflops:float=989., mfu:fl
               f"epoch), estimated at {mfu:.0%} of a {peak_tflops:g}-TFLOPS GPU's bf16 peak (6 FLOPs per MAC and image: forward "
               "and backward); not measured: time a few hundred steps with benchmarks/gpu_train.py and set --mfu")
 
-def study_main(argv=None) -> int:
+def study_main(argv=None,              # the command line's arguments (None: sys.argv[1:])
+               popen=subprocess.Popen  # starts each run's process (see `run_study`)
+              ) -> int:
     "The `t2t_study` command: run a grid, write results.csv and the figures, print the summary; the exit status."
     p = build_study_parser()
     a = p.parse_args(argv)
@@ -294,7 +295,7 @@ def study_main(argv=None) -> int:
     if a.data is not None and not is_builtin(a.data) and not (Path(a.data) / 'train').is_dir():
         p.error(f"--data {a.data} is neither a built-in dataset nor a folder with train/ and val/")
     if a.plan: print_plan(grid, a.seeds, a.epochs, a.peak_tflops, a.mfu); return 0
-    try: rows = run_study(grid, a.data, a.seeds, a.epochs, out, a.jobs, a.resume, a.progress, a.train_args, a.models)
+    try: rows = run_study(grid, a.data, a.seeds, a.epochs, out, a.jobs, a.resume, a.progress, a.train_args, a.models, popen)
     except SetupError as e: print(f"t2t_study: error: {e}", file=sys.stderr); return 2
     except StudyError as e: print(f"t2t_study: error: {e}", file=sys.stderr); return 1
     except StudyStopped as e:

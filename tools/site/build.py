@@ -71,11 +71,13 @@ def chapters(only=None):
 
 
 def chapter_targets(stems):
-    "{'07': '07_backbone', '00': '00_core', ...}: where 'chapter NN' in prose links to (the home page only if alone)."
+    """{'07': '07_backbone', '11': '11a_images', '11b': '11b_loader', ...}: where 'chapter NN' in prose links to (the
+    home page only if alone). A chapter of several notebooks (11a, 11b, ...) starts at its first."""
     res = {}
     for s in sorted(stems):
         num = chapter_number(s)
-        if num not in res or res[num] == HOME: res[num] = s
+        for key in dict.fromkeys([num, num[:2]]):
+            if key not in res or res[key] == HOME: res[key] = s
     return res
 
 
@@ -193,7 +195,7 @@ def preprocess(nb, stem, targets, anchors, cfg):
 # ---------------------------------------------------------------------------------------------------------------
 # The index of the library's names
 
-_re_marker = re.compile(r'^# %% \.\./nbs/(?P<nb>[\w.-]+)\.ipynb(?: #(?P<id>[\w-]+))?')
+_re_marker = re.compile(r'^# %% (?:\.\./)+nbs/(?P<nb>[\w.-]+)\.ipynb(?: #(?P<id>[\w-]+))?')
 
 
 def library_names():
@@ -206,12 +208,12 @@ def library_names():
         path = ROOT / (next(iter(syms.values()))[1] if syms else mod.replace('.', '/') + '.py')
         if not path.exists(): continue
         text = path.read_text(encoding='utf-8')
-        if not re.search(r'File to edit: \.\./nbs/[\w./-]+\.ipynb', text): continue
+        if not re.search(r'File to edit: (?:\.\./)+nbs/[\w./-]+\.ipynb', text): continue
         lines, marks = text.splitlines(), []
         for i, l in enumerate(lines, 1):
             mm = _re_marker.match(l)
             if mm: marks.append((i, mm['nb'], mm['id']))
-        # the chapter whose cells fill the module (a module declared in nbs/modules/ is written by one chapter's cells)
+        # the notebook whose cells fill the module (its `#| default_exp`)
         chapters = [nb for _, nb, _ in marks]
         if not chapters: continue
         stem = max(sorted(set(chapters)), key=chapters.count)
