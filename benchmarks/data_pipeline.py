@@ -14,7 +14,7 @@ cleanest, and more, shorter rounds catch more of its quiet moments). `fast` leav
 normalisation and writing the erasing it drew to the process the
 batch lands in (`BatchPostCrop`: on the GPU when training on one); its "charged" figure adds that step's CPU time per
 image to the worker's, as if one core did both. The goal is `fast` >= 2x `pil` per worker on the ImageNet-like
-files, with the same augmentation (the same draws; kernels within a stated tolerance: tests/test_pipeline.py); the
+files, with the same augmentation (the same draws; kernels within a stated tolerance: tests/data/pipelines/); the
 line says PASS or FAIL.
 """
 import argparse, os, shutil, sys, tempfile, time

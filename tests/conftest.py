@@ -1,4 +1,5 @@
-"""Shared pytest configuration: the `slow` and `cuda` markers, and the CPU pin of every other test.
+"""Shared pytest configuration: the `slow`, `cuda` and `docs` markers, the CPU pin of every test not marked `cuda`, and
+the fixtures that tests in several folders use (`trained`). A folder's own fixtures are in its conftest.py.
 
 - `slow` tests are skipped unless pytest gets `--runslow` (mirrors nbdev's `#| slow` cells, which
   run with `nbdev_test --flags slow`).
@@ -10,10 +11,14 @@
   values (bit-exact resumes, fp32 tolerances) are the CPU's.
 - `pytest -m cuda` (the GPU machine's run) collects only the test modules that hold a cuda-marked test
   (`pytest_ignore_collect`).
+- `docs` tests compare prose with numbers (the README's tables, the numbers the chapters quote): `pytest -m docs` runs
+  them alone, `pytest -m "not docs"` leaves them out.
 """
 import contextlib, os
 
 import pytest, torch
+
+import t2t_course
 
 
 def require_cuda() -> bool:
@@ -35,6 +40,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test, skipped unless --runslow is given")
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; skipped when none is available (fails with T2T_REQUIRE_CUDA=1)")
+    config.addinivalue_line("markers", "docs: compares prose (README.md, the notebooks' markdown) with the numbers it quotes")
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -84,7 +90,7 @@ def pytest_runtest_protocol(item, nextitem):
     """Every test not marked `cuda` runs pinned to the CPU, its fixtures' setup and teardown included.
 
     A hook around the whole test, not an autouse fixture: pytest sets up module- and session-scoped fixtures before
-    function-scoped ones, autouse or not, so a fixture would leave out e.g. tests/test_train.py's module-scoped
+    function-scoped ones, autouse or not, so a fixture would leave out e.g. tests/train/test_run.py's module-scoped
     `uninterrupted` run, a subprocess whose bit-exact comparisons hold on the CPU."""
     with cpu_pin(item):
         yield
@@ -93,3 +99,16 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_setup(item):
     if "cuda" in item.keywords and require_cuda() and not torch.cuda.is_available():
         pytest.fail(f"T2T_REQUIRE_CUDA=1 but CUDA is not available: {cuda_unavailable_reason()}", pytrace=False)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    "One of our checkpoints: a tiny T2T-ViT-7 with 4 classes at 32 px (random weights)."
+    d = tmp_path_factory.mktemp('ck')
+    kw = dict(embed_dim=64, depth=2, num_heads=2)
+    torch.manual_seed(0)
+    sd = t2t_course.create_model('t2t_vit_7', num_classes=4, img_size=32, **kw).state_dict()
+    torch.save(dict(state_dict=sd, state_dict_ema=sd, classes=['cat', 'dog', 'owl', 'fox'], epoch=1,
+                    config=dict(model='t2t_vit_7', model_kwargs=kw, img_size=32, data='pets', data_preset='digits')),
+               d / 'best.pth')
+    return d / 'best.pth'

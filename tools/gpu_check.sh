@@ -117,9 +117,9 @@ plan_add() {  # plan_add NAME LIMIT LOG KIND CMD: KIND scored (counts for the ex
 }
 q() { printf '%q' "$1"; }
 
-# the test modules that mention the cuda mark (a decorator, pytestmark, parametrize's marks=; a mere mention costs only
-# its collection, and every cuda-marked test then runs: pytest -m cuda deselects the rest)
-cuda_modules() { grep -l 'mark\.cuda' tests/test_*.py 2>/dev/null | paste -sd' ' -; }
+# the test modules (in tests/ and its folders) that mention the cuda mark (a decorator, pytestmark, parametrize's marks=;
+# a mere mention costs only its collection, and every cuda-marked test then runs: pytest -m cuda deselects the rest)
+cuda_modules() { grep -rl --include='test_*.py' 'mark\.cuda' tests 2>/dev/null | LC_ALL=C sort | paste -sd' ' -; }
 cuda_notebooks() { grep -lE '^ *"#\| cuda\\n",?$' nbs/*.ipynb 2>/dev/null; }   # a code cell whose first line is #| cuda
 nb_limit() {  # seconds for one notebook's run (whole, its #| cuda cells included), by estimate: never measured on a GPU
   if [ "$DRY" = 1 ]; then echo 240; return; fi  # on 2 busy cores here: 22-48 s and 58-119 s

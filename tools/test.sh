@@ -2,7 +2,7 @@
 # The project's test command (README Quickstart, and what CI's .ci/run calls):
 #   1. set up: a virtual environment in .venv with the project and its dev, timm, export and docs extras (seeing the
 #      torch and torchvision of PYTHON where it has them, instead of installing its own)
-#      (the tests of chapters 22 and 24 need timm, onnx and onnxruntime; tests/test_site.py builds two pages of the
+#      (the tests of chapters 22 and 24 need timm, onnx and onnxruntime; tests/tools/test_site.py builds two pages of the
 #      website with the docs extra's Jupyter Book);
 #   2. fail if nbdev_clean or nbdev_export changes any file (notebooks not clean, or the
 #      library out of sync with them);

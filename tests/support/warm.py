@@ -11,7 +11,7 @@ import atexit, ctypes, gc, importlib, importlib.util, io, locale, os, pickle, ru
 import torch
 
 
-PRELOAD = ['t2t_course.train.cli', 't2t_course.study.runner', 't2t_course.deploy.predict']   # what the warm interpreter imports, once
+PRELOAD = ['t2t_course.train.cli', 't2t_course.study.cli', 't2t_course.deploy.predict']   # what the warm interpreter imports, once
 _PR_SET_CHILD_SUBREAPER = 36
 
 def _parse(args) -> tuple:
@@ -37,10 +37,10 @@ class _Warm:
             cls.libc = ctypes.CDLL(None, use_errno=True)
             ours, theirs = socket.socketpair()
             roots = [os.path.dirname(os.path.dirname(importlib.util.find_spec('t2t_course').origin)),  # importable anywhere
-                     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]                      # and tests/support
+                     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]     # and tests.support
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([*roots, *filter(None, [os.environ.get('PYTHONPATH')])]),
                        T2T_WARM_TITLE_ROOM='.' * 4096)           # room for the commands' titles (see _retitle)
-            subprocess.Popen([sys.executable, '-m', 'support.warm', str(theirs.fileno()), *PRELOAD],
+            subprocess.Popen([sys.executable, '-m', 'tests.support.warm', str(theirs.fileno()), *PRELOAD],
                              pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env)
             theirs.close()
             cls.sock, cls.pid = ours, os.getpid()
@@ -182,7 +182,7 @@ def _exit(code:int):
     os._exit(code)
 
 def _warm_main(argv:list):
-    "`python -m support.warm FD MODULE...`: import the modules, then serve the caller on socket FD."
+    "`python -m tests.support.warm FD MODULE...`: import the modules, then serve the caller on socket FD."
     sock = socket.socket(fileno=int(argv[0]))
     extra = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
     base_path = [p for p in sys.path[1:] if p not in extra]   # what a fresh interpreter has after its PYTHONPATH

@@ -1,0 +1,60 @@
+"""Export (chapter 24a, `t2t_course.deploy.export`): `torch.export` and ONNX with a dynamic batch, height and width,
+checked against onnxruntime at three sizes (a non-square one among them) on small models of each kind of tokenizer."""
+import pytest
+import torch
+
+from t2t_course import create_model
+from t2t_course.deploy import check_onnx, export_onnx, export_program
+
+TINY = dict(img_size=64, embed_dim=64, depth=2, num_heads=2, num_classes=10)
+SIZES = [(64, 64), (96, 96), (80, 112)]  # the built size, a larger square, a non-square one
+KINDS = ['t2t_vit_7', 't2t_vit_t_14', 'vit_baseline']  # Performer T2T layers, transformer T2T layers, a hard split
+
+
+def _tiny(name):
+    torch.manual_seed(0)
+    return create_model(name, **TINY).eval()
+
+
+@pytest.mark.parametrize('name', KINDS)
+def test_export_program_any_batch_and_size(name):
+    model = _tiny(name)
+    ep = export_program(model)
+    for batch in (1, 3):
+        for h, w in SIZES:
+            x = torch.randn(batch, 3, h, w)
+            with torch.no_grad(): torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope='module', params=KINDS)
+def onnx_export(request, tmp_path_factory):
+    pytest.importorskip('onnx'); pytest.importorskip('onnxruntime')
+    model = _tiny(request.param)
+    return model, export_onnx(model, tmp_path_factory.mktemp('onnx') / f'{request.param}.onnx')
+
+
+def test_onnx_matches_onnxruntime_at_three_sizes(onnx_export):
+    model, path = onnx_export
+    for batch in (1, 3):
+        diffs = check_onnx(path, model, sizes=SIZES, batch=batch, atol=1e-4)
+        assert set(diffs) == set(SIZES) and max(diffs.values()) <= 1e-4, diffs
+
+
+def test_onnx_graph_is_dynamic(onnx_export):
+    import onnx
+    _, path = onnx_export
+    graph = onnx.load(str(path)).graph
+    (inp,), (out,) = graph.input, graph.output
+    dims = [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim]
+    assert inp.name == 'image' and out.name == 'logits'
+    assert isinstance(dims[0], str) and dims[1] == 3 and isinstance(dims[2], str) and isinstance(dims[3], str), dims
+
+
+def test_check_onnx_reports_a_mismatch(onnx_export):
+    model, path = onnx_export
+    with torch.no_grad(): model.head.bias += 1e-2
+    try:
+        with pytest.raises(ValueError, match=r'differs from the model by more than 0.0001 at \{\(64, 64\)'):
+            check_onnx(path, model, sizes=[(64, 64)])
+    finally:
+        with torch.no_grad(): model.head.bias -= 1e-2

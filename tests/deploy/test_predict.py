@@ -1,0 +1,209 @@
+"""Classifying photos (chapter 24b, `t2t_course.deploy.predict`): `t2t_predict` on the sample photo with an
+official-format checkpoint and with one of ours, on every kind of bad input (one line, exit status 2, never a
+traceback), on bad images among good ones (each reported, the good ones' results printed) and on a special file (never
+opened); its image reader gives the pixels the training loader gives."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from t2t_course import create_model
+from t2t_course.core import sample_image_path
+from t2t_course.data import load_rgb
+from t2t_course.deploy import imagenet_classes, predict_main, read_image
+
+from tests.support.commands import REPO
+from tests.support.images import fifo
+from tests.support.warm import WarmPopen, warm_run
+
+
+@pytest.fixture(scope='module')
+def checkpoints(tmp_path_factory):
+    "An official-format checkpoint (T2T-ViT-7, random weights, under state_dict_ema) and one of ours (config and classes)."
+    d = tmp_path_factory.mktemp('ck')
+    torch.manual_seed(0)
+    torch.save({'state_dict_ema': create_model('t2t_vit_7').state_dict(), 'epoch': 309}, d / 'official.pth.tar')
+    kw = dict(embed_dim=64, depth=2, num_heads=2)
+    sd = create_model('t2t_vit_7', num_classes=4, img_size=32, **kw).state_dict()
+    torch.save(dict(state_dict=sd, state_dict_ema=sd, classes=['cat', 'dog', 'owl', 'fox'], epoch=1,
+                    config=dict(model='t2t_vit_7', model_kwargs=kw, img_size=32, data='pets', data_preset='digits')), d / 'best.pth')
+    return d
+
+
+def _run(argv, capsys):
+    status = predict_main([*map(str, argv), '--device', 'cpu'])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_predict_official_checkpoint_on_the_sample_photo(checkpoints, capsys):
+    status, out, err = _run([sample_image_path(), '--checkpoint', checkpoints / 'official.pth.tar', '--model', 't2t_vit_7'], capsys)
+    assert status == 0 and err == ''
+    lines = out.strip().splitlines()
+    assert lines[0].startswith('t2t_vit_7 (official-format checkpoint official.pth.tar, EMA), 224 x 224, crop 0.9, bicubic')
+    assert lines[1] == f'{sample_image_path()}:' and len(lines) == 7
+    names, percents = set(imagenet_classes()), []
+    for rank, line in enumerate(lines[2:], 1):
+        head, pct, name = line.split(None, 2)
+        assert head == f'{rank}.' and pct.endswith('%') and name in names
+        percents.append(float(pct[:-1]))
+    assert percents == sorted(percents, reverse=True) and 0 < sum(percents) <= 100.01
+
+
+def test_predict_json_and_our_checkpoint(checkpoints, capsys):
+    status, out, err = _run([sample_image_path(), sample_image_path(), '--checkpoint', checkpoints / 'best.pth', '--json',
+                             '--topk', '9'], capsys)
+    doc = json.loads(out)
+    assert status == 0 and err == '' and doc['errors'] == [] and len(doc['predictions']) == 2
+    assert doc['model'] == 't2t_vit_7 (t2t_train checkpoint best.pth, EMA), 32 x 32, crop 1.0, bicubic'  # the digits preset's crop
+    top = doc['predictions'][0]['top']
+    assert [t['rank'] for t in top] == [1, 2, 3, 4]                    # topk capped at the 4 classes
+    assert sorted(t['class'] for t in top) == ['cat', 'dog', 'fox', 'owl']
+    assert abs(sum(t['percent'] for t in top) - 100) < 0.05
+
+
+BAD = {  # what: (arguments after the image, what the one line must say)
+    'missing image': (None, 'no image file at'),
+    'folder as image': ('folder', 'is a folder, not an image file'),
+    'text as image': ('notes.txt', 'not an image file PIL can read'),
+    'truncated image': ('cut.jpg', 'truncated or damaged'),
+    'empty checkpoint': ('empty.pth', 'is empty (0 bytes)'),
+    'garbage checkpoint': ('garbage.pth', 'not a PyTorch checkpoint'),
+    'truncated checkpoint': ('truncated.pth', 'not a PyTorch checkpoint, or a truncated or damaged one'),
+    'numpy scalars': ('numpy.pth', 'it holds a pickled numpy'),
+    'a list': ('list.pth', 'holds a list, not a dict of weights'),
+    'no --model': ('nomodel', 'is not a t2t_train checkpoint: name its architecture with --model'),
+    'wrong --model': ('wrongmodel', 'does not fit this T2TViT (t2t_vit_14)'),
+    'our checkpoint with another --model': ('ours_other', 'was trained as t2t_vit_7'),
+}
+
+
+@pytest.mark.parametrize('what', list(BAD))
+def test_predict_bad_input_is_one_line_and_status_2(what, checkpoints, tmp_path, capsys):
+    arg, message = BAD[what]
+    photo, official = sample_image_path(), checkpoints / 'official.pth.tar'
+    image, ck, model = photo, official, ['--model', 't2t_vit_7']
+    if arg is None: image = tmp_path / 'missing.jpg'
+    elif arg == 'folder': image = tmp_path
+    elif arg == 'notes.txt': image = tmp_path / arg; image.write_text('not an image')
+    elif arg == 'cut.jpg': image = tmp_path / arg; image.write_bytes(photo.read_bytes()[:2000])
+    elif arg == 'nomodel': model = []
+    elif arg == 'wrongmodel': model = ['--model', 't2t_vit_14']
+    elif arg == 'ours_other': ck, model = checkpoints / 'best.pth', ['--model', 't2t_vit_14']
+    else:
+        ck = tmp_path / arg
+        if arg == 'empty.pth': ck.write_bytes(b'')
+        elif arg == 'garbage.pth': ck.write_bytes(b'\x80\x02 garbage, not weights')
+        elif arg == 'truncated.pth': ck.write_bytes(official.read_bytes()[:10_000])
+        elif arg == 'numpy.pth': torch.save({'state_dict': {}, 'best_acc1': np.float64(71.7)}, ck)
+        elif arg == 'list.pth': torch.save([1, 2, 3], ck)
+    status, out, err = _run([image, '--checkpoint', ck, *model], capsys)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith('t2t_predict: error:'), err
+    assert message in lines[0] and 'Traceback' not in err
+
+
+def test_one_bad_image_does_not_stop_the_others(checkpoints, tmp_path, capsys):
+    (tmp_path / 'x.png').write_text('no')
+    status, out, err = _run([tmp_path / 'x.png', sample_image_path(), '--checkpoint', checkpoints / 'best.pth'], capsys)
+    assert status == 2 and err.count('\n') == 1 and 'x.png' in err
+    assert f'{sample_image_path()}:' in out and out.count('%') == 4
+
+
+@pytest.mark.parametrize('argv, message', [(['--topk', '0'], '--topk must be positive'),
+                                           (['--model', 'vgg16'], "unknown model 'vgg16'")])
+def test_predict_bad_arguments(argv, message, checkpoints, capsys):
+    with pytest.raises(SystemExit) as e: predict_main([str(sample_image_path()), '--checkpoint', str(checkpoints / 'best.pth'), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_t2t_predict_as_a_process(checkpoints):
+    "The command as a user runs it: top-5 with names on stdout and status 0; a bad file: one line on stderr and 2."
+    cmd = [sys.executable, '-m', 't2t_course.deploy', str(sample_image_path()), '--checkpoint', str(checkpoints / 'official.pth.tar'),
+           '--model', 't2t_vit_7', '--device', 'cpu']
+    res = warm_run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.count('%') == 5, res.stderr
+    res = warm_run(cmd[:5] + [str(checkpoints / 'nope.pth')] + cmd[6:], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip().count('\n') == 0 and 'no checkpoint file at' in res.stderr
+
+
+def test_a_closed_pipe_is_not_a_traceback(checkpoints):
+    "`t2t_predict ... | head -1`: the reader goes away before the output; the command stops quietly with status 1."
+    cmd = [sys.executable, '-m', 't2t_course.deploy', str(sample_image_path()), '--checkpoint', str(checkpoints / 'best.pth'),
+           '--device', 'cpu', '--json']
+    p = WarmPopen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()                                                   # nobody reads what it prints
+    err = p.stderr.read(); p.wait()
+    assert p.returncode == 1 and 'Traceback' not in err and 'BrokenPipe' not in err, err
+
+
+# ------------------------------------------------------------------ bad and odd images
+def _bomb(path):
+    "A small PNG whose header claims 20000 x 20000 pixels: over twice PIL's MAX_IMAGE_PIXELS, refused at open."
+    import io, struct, zlib
+    buf = io.BytesIO(); Image.new('L', (1, 1)).save(buf, 'PNG'); data = bytearray(buf.getvalue())
+    ihdr = struct.pack('>II', 20000, 20000) + bytes(data[24:29])      # width, height, then depth, colour, ... as before
+    data[16:29] = ihdr; data[29:33] = struct.pack('>I', zlib.crc32(b'IHDR' + ihdr))
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize('fmt', ['text', 'json'])
+def test_predict_reports_every_image(fmt, tmp_path, trained):
+    """Bad images among good ones, in one command: a decompression bomb and a text file named .jpg are each an error in
+    the same output (status 2), the good ones' results are always printed, one of them a file whose name is not UTF-8
+    (printed escaped under a strict UTF-8 stdout)."""
+    good = tmp_path / 'good.png'
+    Image.new('RGB', (40, 40), (10, 200, 30)).save(good)
+    bomb = _bomb(tmp_path / 'bomb.png')
+    text = tmp_path / 'notes.jpg'; text.write_text('not an image')
+    odd = Path(os.fsdecode(bytes(tmp_path) + b'/caf\xe9.png'))  # Latin-1 bytes: not valid UTF-8
+    Image.new('RGB', (40, 40)).save(os.fsencode(odd))
+    cmd = [sys.executable, '-m', 't2t_course.deploy', str(good), str(bomb), str(odd), str(text), '--checkpoint', str(trained),
+           '--device', 'cpu'] + (['--json'] if fmt == 'json' else [])
+    res = warm_run([os.fsencode(a) for a in cmd], capture_output=True, timeout=120, cwd=REPO,
+                         env=dict(os.environ, PYTHONIOENCODING='utf-8:strict'))
+    out, err = res.stdout.decode('utf-8', 'replace'), res.stderr.decode('utf-8', 'replace')
+    assert 'Traceback' not in err and 'Traceback' not in out, err
+    assert res.returncode == 2, (res.returncode, err)
+    if fmt == 'json':
+        doc = json.loads(out)
+        assert [p['image'] for p in doc['predictions']][0] == str(good) and '\\xe9' in doc['predictions'][1]['image']
+        assert [Path(e['image']).name for e in doc['errors']] == ['bomb.png', 'notes.jpg']
+        assert 'too large to decode safely' in doc['errors'][0]['error']
+    else:
+        assert f'{good}:' in out and out.count('%') == 8                      # 4 classes, top 4, for each good image
+        assert 'too large to decode safely' in err and 'notes.jpg' in err
+
+
+def test_t2t_predict_refuses_a_special_file(tmp_path, trained):
+    "A FIFO named like an image: one line and status 2 from t2t_predict."
+    fifo_path = fifo(tmp_path / 'pipe.jpg')  # were it opened, the command would block: the timeout fails the test
+    cmd = [sys.executable, '-m', 't2t_course.deploy', str(fifo_path), '--checkpoint', str(trained), '--device', 'cpu']
+    res = warm_run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr
+    assert 'is not a regular file (a FIFO, socket or device)' in res.stderr
+
+
+def _odd_image(kind, path):
+    if kind == '16-bit PNG':
+        Image.fromarray((np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)).save(path)
+    elif kind == 'RGBA PNG':
+        a = np.zeros((32, 32, 4), np.uint8); a[..., 0] = 200; a[:, 16:, 3] = 255  # left half transparent
+        Image.fromarray(a, 'RGBA').save(path)
+    elif kind == 'CMYK JPEG':
+        Image.new('CMYK', (32, 32), (0, 255, 255, 0)).save(path)
+    return path
+
+
+@pytest.mark.parametrize('kind, suffix', [('16-bit PNG', '.png'), ('RGBA PNG', '.png'), ('CMYK JPEG', '.jpg')])
+def test_predict_reads_images_as_training_does(kind, suffix, tmp_path):
+    "t2t_predict's reader gives the pixels the training loader gives (16 bits scaled, alpha on white), not convert('RGB')'s."
+    path = _odd_image(kind, tmp_path / f'img{suffix}')
+    ours, loader = np.asarray(read_image(path)), np.asarray(load_rgb(path))
+    assert ours.dtype == np.uint8 and np.array_equal(ours, loader)
+    if kind == '16-bit PNG': assert abs(ours.mean() - 127.5) < 2, ours.mean()      # convert('RGB') gave 254.5
+    if kind == 'RGBA PNG': assert (ours[:, :16] == 255).all()                      # the transparent half is white

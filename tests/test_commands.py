@@ -1,0 +1,34 @@
+"""The commands alike (t2t_train, t2t_eval, t2t_predict and t2t_study, their path arguments) on paths the OS refuses: a
+name too long, or a folder under a regular file, is one line naming the path and the reason, exit 2, no traceback."""
+import pytest
+
+from tests.support.commands import call
+from t2t_course.deploy import predict_main
+
+LONG = 'x' * 300  # one path component over the 255 bytes file systems allow
+
+
+@pytest.mark.parametrize('command', ['t2t_train --output', 't2t_train --data', 't2t_train --resume', 't2t_eval',
+                                     't2t_eval --data', 't2t_predict image', 't2t_study --output', 't2t_study --data',
+                                     't2t_train --output under a file'])
+def test_paths_the_os_refuses(command, tmp_path, trained):
+    "A name too long, or a folder under a regular file: one line naming the path and the reason, exit 2, no traceback."
+    from t2t_course.train.cli import eval_main, main
+    from t2t_course.study import study_main
+    long = str(tmp_path / LONG)
+    (tmp_path / 'afile').write_text('')
+    fn, argv = {
+        't2t_train --output': (main, ['--epochs', '1', '--output', long]),
+        't2t_train --data': (main, ['--data', long]),
+        't2t_train --resume': (main, ['--resume', long + '.pth']),
+        't2t_eval': (eval_main, [long + '.pth']),
+        't2t_eval --data': (eval_main, [str(trained), '--data', long]),
+        't2t_predict image': (predict_main, [long + '.png', '--checkpoint', str(trained), '--device', 'cpu']),
+        't2t_study --output': (study_main, ['--quick', '--output', long]),
+        't2t_study --data': (study_main, ['--quick', '--data', long, '--output', str(tmp_path / 'study')]),
+        't2t_train --output under a file': (main, ['--epochs', '1', '--output', str(tmp_path / 'afile' / 'run')]),
+    }[command]
+    code, out, err = call(fn, argv)
+    last = err.strip().splitlines()[-1]  # argparse's usage line may come first, for a bad flag
+    assert code == 2 and 'Traceback' not in err and last.split(': ')[1] == 'error', err
+    assert ('too long' in last or 'not a directory' in last) and ('x' * 50 in last or 'afile' in last), err
