@@ -11,7 +11,7 @@ __all__ = ['IMAGENET_DEFAULT_MEAN', 'IMAGENET_DEFAULT_STD', 'is_static', 'to_2tu
 
 # %% ../nbs/00_core.ipynb #bd7d658f
 import os, random
-from typing import Optional
+from typing import Optional, Tuple
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +19,10 @@ import torch
 import torch.nn.functional as F
 
 # %% ../nbs/00_core.ipynb #a2800563
-def is_static(v) -> bool:
+def is_static(v:int  # a size: an int, or a symbolic one (a `SymInt`, a 0-d tensor, an FX `Proxy`)
+             ) -> bool:
     "Whether a size is a plain int, known now: not a `SymInt` (compile, export), a 0-d tensor (jit.trace) or an FX `Proxy`."
+    if torch.jit.is_scripting(): return True  # TorchScript's sizes are ints, known when the scripted code runs
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 def _is_size(v) -> bool:
@@ -41,7 +43,7 @@ def to_2tuple(x,                # an int (square) or a pair (H, W); symbolic siz
         raise ValueError(f"{name} must be {'positive' if min_value == 1 else f'>= {min_value}'}, got {x}")
     return x
 
-def image_size(x:torch.Tensor) -> tuple:
+def image_size(x:torch.Tensor) -> Tuple[int, int]:
     "`(H, W)` of a batch `(..., H, W)`, as two numbers (ints, or symbolic sizes when traced)."
     return (x.shape[-2], x.shape[-1])
 

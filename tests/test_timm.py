@@ -1,7 +1,7 @@
 """Our models through timm: `import t2t_course.timm` registers every variant, and each one passes what timm's own
 tests/test_models.py asks of its vision transformers (the "non-standard" family), one property per test over every
 registered name: forward (with gradient checkpointing), backward, default_cfgs_non_std, forward_features
-(features_only), forward_intermediates, forward_fx, backward_fx and forward_fx_torchscript. Plus what timm does not test: checkpointing gives
+(features_only), forward_intermediates, forward_fx, backward_fx, forward_torchscript and forward_fx_torchscript. Plus what timm does not test: checkpointing gives
 the same gradients, the layer-wise decay groups, weights from local files, and names timm already has.
 
 Each variant keeps its widths, heads and block type but is shrunk to 3 blocks (the dense design to stages (2, 1)) and
@@ -19,7 +19,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 import t2t_course
 from t2t_course.models.t2t_vit import get_variant
-from variant_sizes import few_blocks
+from tests.support.variant_sizes import few_blocks
 
 try:  # timm is optional, and its internals move between releases: a timm without them skips this file, with the reason
     import timm
@@ -194,6 +194,21 @@ def test_model_backward_fx(name):
     assert all(p.grad is not None for p in fx.parameters())
     assert sum(p.grad.numel() for p in fx.parameters()) == num_params
     assert out.shape[-1] == 42 and not torch.isnan(out).any()
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_model_forward_torchscript(name):
+    "timm's test_model_forward_torchscript: the model built under set_scriptable(True) and compiled by TorchScript gives its output."
+    with timm.set_scriptable(True): model = _create(name).eval()
+    x = _x(_input_size(model, target=128))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', FutureWarning)  # torch 2.14 deprecates torch.jit.script
+        scripted = torch.jit.script(model)
+    with torch.no_grad():
+        out, ref = scripted(x), model(x)
+    assert out.shape[0] == 1 and not torch.isnan(out).any()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match='must be a 4-D batch'): scripted(x[0])  # the checks run in Python, named
 
 
 @pytest.mark.parametrize('name', MODELS)

@@ -8,6 +8,7 @@ __all__ = ['feature_take_indices']
 # %% ../../nbs/23_contract.ipynb #4e7fc75b
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from ..models import backbone
 from ..core import image_size
@@ -36,7 +37,7 @@ def _forward_intermediates(self, x:torch.Tensor, indices=None, norm:bool=False, 
     x = self._sequence(x)                                                     # (B, N+1, D)
     out, last = [], max(take)
     for i, blk in enumerate(self.blocks[:last + 1] if stop_early or intermediates_only else self.blocks):
-        x = self._run_block(blk, x)                                           # (B, N+1, D)
+        x = checkpoint(blk, x, use_reentrant=False) if self.grad_checkpointing and torch.is_grad_enabled() else blk(x)
         if i in take:
             y = self.norm(x) if norm else x
             tokens = y[:, 1:]                                                 # (B, N, D)
@@ -73,12 +74,23 @@ def _group_matcher(self, coarse:bool=False) -> dict:
     stem = '|'.join(f'^{name}' for name in ('cls_token', 'pos_embed', self.stem_prefix) if name)
     return dict(stem=stem, blocks=r'^blocks\.(\d+)' if coarse else [(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
+def _head_hidden_size(self) -> int:
+    "The width of `forward_head(x, pre_logits=True)`: `num_features` (no pre-logits layer)."
+    return self.num_features
+
+def _pretrained_cfg(self) -> dict:
+    "timm's name for `default_cfg`."
+    return getattr(self, 'default_cfg', {})
+
 def _set_pretrained_cfg(self, cfg:dict): self.default_cfg = cfg
 
 Backbone.block_widths, Backbone.feature_info = _block_widths, property(_feature_info)
 Backbone.set_grad_checkpointing, Backbone.group_matcher = _set_grad_checkpointing, _group_matcher
-Backbone.head_hidden_size = property(lambda self: self.num_features, doc="The width of `forward_head(x, pre_logits=True)`.")
-Backbone.pretrained_cfg = property(lambda self: getattr(self, 'default_cfg', {}), _set_pretrained_cfg, doc="timm's name for `default_cfg`.")
+Backbone.head_hidden_size = property(_head_hidden_size)
+Backbone.pretrained_cfg = property(_pretrained_cfg, _set_pretrained_cfg)
+# TorchScript compiles a scripted module's properties unless the class names them here: these return dicts of
+# metadata that Python reads, never the forward pass (timm's TorchScript test scripts every model)
+Backbone.__jit_unused_properties__ = [*getattr(Backbone, '__jit_unused_properties__', []), 'feature_info', 'pretrained_cfg']
 
 # %% ../../nbs/23_contract.ipynb #9c4da8d8
 def _resnet_forward_intermediates(self, x:torch.Tensor) -> list:  # (B, C, H, W) -> [(B, C_i, H_i, W_i)]: the stem, each stage

@@ -8,6 +8,7 @@ __all__ = ['get_sinusoid_encoding', 'is_sinusoid_table', 'sinusoid_table', 'drop
 
 # %% ../../nbs/07_backbone.ipynb #4114671d
 from functools import lru_cache
+from typing import Optional, Tuple
 
 import math, numbers
 import numpy as np
@@ -46,11 +47,11 @@ def is_sinusoid_table(table:torch.Tensor) -> bool:
     return torch.allclose(table.detach().float().cpu(), get_sinusoid_encoding(table.shape[1], table.shape[2]), atol=atol, rtol=0)
 
 # %% ../../nbs/07_backbone.ipynb #5ee5b984
-def sinusoid_table(n_position,        # sequence length N + 1: an int, or a symbolic size when traced
-                   d_hid:int,         # embedding width D
-                   device=None,       # where to compute it
-                   dtype=torch.float32
-                  ) -> torch.Tensor:  # (1, n_position, d_hid)
+def sinusoid_table(n_position:int,                      # sequence length N + 1: an int, or a symbolic size when traced
+                   d_hid:int,                           # embedding width D
+                   device:Optional[torch.device]=None,  # where to compute it
+                   dtype:torch.dtype=torch.float32
+                  ) -> torch.Tensor:                    # (1, n_position, d_hid)
     "`get_sinusoid_encoding` computed with torch operations (float64, rounded once), so a traced graph can build it for any length."
     pos = torch.arange(n_position, dtype=torch.float64, device=device)[:, None]      # (n, 1)
     j = torch.arange(d_hid, device=device)                                          # (D,)
@@ -82,6 +83,12 @@ def init_weights(m:nn.Module):
 def _check_num_classes(n):
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
         raise ValueError(f"num_classes must be an int >= 0 (0: no head, features out), got {n!r}")
+
+def _add_methods(cls:type, **methods):
+    "Set each function of `methods` on `cls` under its keyword, renamed to it (TorchScript compiles a method by that name)."
+    for name, fn in methods.items():
+        fn.__name__, fn.__qualname__ = name, f'{cls.__qualname__}.{name}'
+        setattr(cls, name, fn)
 
 class Backbone(nn.Module):
     "cls token + position table + `depth` pre-norm blocks + final norm + linear head, with the timm-style model API."
@@ -141,21 +148,27 @@ class Backbone(nn.Module):
         "The tokenizer: `(B, C, H, W) -> (B, N, D)`; subclasses implement it."
         raise NotImplementedError(f"{type(self).__name__} must implement embed_tokens")
 
-    def token_grid(self, size) -> tuple: return None  # the tokenizer's (h, w) grid for an input of `size` (subclasses)
+    def token_grid(self, size:Tuple[int, int]) -> Optional[Tuple[int, int]]: return None  # the tokenizer's (h, w) grid (subclasses)
 
 # %% ../../nbs/07_backbone.ipynb #cede4de6
-def _position_table(self, n, grid=None) -> torch.Tensor:  # (1, n, D)
+def _position_table(self, n:int, grid:Optional[Tuple[int, int]]=None) -> torch.Tensor:  # (1, n, D)
     "The position table for `n` tokens (cls included) on `grid`: the sinusoid of that length, or `pos_embed` itself."
     if self.fixed_pos_embed: return self._sinusoid(n)
+    self._check_table_length(n)
+    return self.pos_embed
+
+def _check_table_length(self, n:int):
+    "A learned (or loaded) `pos_embed` fits the sequence length it was built for, and no other."
     if is_static(n) and n != self.pos_embed.shape[1]:
         kind = 'learned' if self.pos_embed_type == 'learned' else 'loaded (not the fixed sinusoid)'
         raise ValueError(f"this model has a {kind} position table for {self.pos_embed.shape[1] - 1} tokens and got {n - 1}: "
                          f"build it for the new image size and load the checkpoint through checkpoint_filter_fn (it resizes the table)")
-    return self.pos_embed
 
-def _sinusoid(self, n) -> torch.Tensor:  # (1, n, D)
-    "The sinusoid for `n` tokens: computed in the graph when traced; else `pos_embed`, its beginning, or a cached longer one."
+def _sinusoid(self, n:int) -> torch.Tensor:  # (1, n, D)
+    "The sinusoid for `n` tokens: `pos_embed` or its beginning; a longer one computed in the graph (compiled, traced, scripted), else cached."
     pe = self.pos_embed
+    if torch.jit.is_scripting():  # TorchScript keeps no cache: a longer table is computed, as in a compiled graph
+        return pe[:, :n] if n <= pe.shape[1] else sinusoid_table(n, self.embed_dim, pe.device, pe.dtype)
     if torch.compiler.is_compiling() or not is_static(n): return sinusoid_table(n, self.embed_dim, pe.device, pe.dtype)
     if n <= pe.shape[1]: return pe[:, :n]
     key = (n, pe.device, pe.dtype)
@@ -165,7 +178,7 @@ def _sinusoid(self, n) -> torch.Tensor:  # (1, n, D)
         self._pos_cache = dict(list(self._pos_cache.items())[-7:]) | {key: table}  # the 8 latest lengths
     return self._pos_cache[key]
 
-Backbone.position_table, Backbone._sinusoid = _position_table, _sinusoid
+_add_methods(Backbone, position_table=_position_table, _check_table_length=_check_table_length, _sinusoid=_sinusoid)
 
 # %% ../../nbs/07_backbone.ipynb #97672f7a
 def _sequence(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D)
@@ -175,16 +188,18 @@ def _sequence(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1,
     x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # (B, N+1, D)
     return self.pos_drop(x + self.position_table(x.shape[1], grid))
 
-def _run_block(self, blk:nn.Module, x:torch.Tensor, cls_only:bool=False) -> torch.Tensor:
-    "`blk(x)` (`blk.forward_cls(x)` with `cls_only`), under `checkpoint` when `grad_checkpointing` is on."
-    fn = blk.forward_cls if cls_only else blk
-    if self.grad_checkpointing and torch.is_grad_enabled(): return checkpoint(fn, x, use_reentrant=False)
-    return fn(x)
+def _run_blocks(self, x:torch.Tensor, cls_only_last:bool=False) -> torch.Tensor:  # (B, N+1, D) -> (B, N+1, D), or (B, 1, D)
+    "Every block in turn (the last one on the cls token only with `cls_only_last`), under `checkpoint` when `grad_checkpointing` is on."
+    last = len(self.blocks) - 1
+    for i, blk in enumerate(self.blocks):
+        cls_only = cls_only_last and i == last
+        if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():  # TorchScript: no checkpoint
+            x = checkpoint(blk.forward_cls if cls_only else blk, x, use_reentrant=False)
+        else: x = blk.forward_cls(x) if cls_only else blk(x)
+    return x
 
 def _forward_features(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N+1, D), normed
-    x = self._sequence(x)
-    for blk in self.blocks: x = self._run_block(blk, x)                  # (B, N+1, D)
-    return self.norm(x)
+    return self.norm(self._run_blocks(self._sequence(x)))
 
 def _forward_head(self, x:torch.Tensor, pre_logits:bool=False) -> torch.Tensor:
     "`(B, N+1, D)` normed tokens -> logits `(B, num_classes)`, or the `(B, D)` cls token with `pre_logits`."
@@ -193,13 +208,11 @@ def _forward_head(self, x:torch.Tensor, pre_logits:bool=False) -> torch.Tensor:
 
 def _forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, num_classes)
     "`forward_head(forward_features(x))`; the fast path computes only the cls token in the last block."
-    if not (self.cls_only_last_block and len(self.blocks)): return self.forward_head(self.forward_features(x))
-    x = self._sequence(x)
-    for blk in self.blocks[:-1]: x = self._run_block(blk, x)              # (B, N+1, D)
-    return self.forward_head(self.norm(self._run_block(self.blocks[-1], x, cls_only=True)))  # (B, 1, D) -> (B, K)
+    x = self._run_blocks(self._sequence(x), cls_only_last=self.cls_only_last_block)   # (B, 1, D); (B, N+1, D) if off
+    return self.forward_head(self.norm(x))                                            # (B, K)
 
-Backbone._sequence, Backbone._run_block = _sequence, _run_block
-Backbone.forward_features, Backbone.forward_head, Backbone.forward = _forward_features, _forward_head, _forward
+_add_methods(Backbone, _sequence=_sequence, _run_blocks=_run_blocks, forward_features=_forward_features,
+             forward_head=_forward_head, forward=_forward)
 
 # %% ../../nbs/07_backbone.ipynb #0e3632b9
 def _get_classifier(self) -> nn.Module: return self.head
@@ -210,16 +223,16 @@ def _reset_classifier(self, num_classes:int, global_pool=None):
     if global_pool not in (None, 'token'): raise ValueError(f"only cls-token pooling is supported, got {global_pool!r}")
     self.num_classes = num_classes
     if isinstance(getattr(self, 'default_cfg', None), dict): self.default_cfg['num_classes'] = num_classes
-    self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-    if num_classes > 0:
-        self.head.to(self.cls_token.device, self.cls_token.dtype)
-        init_weights(self.head)
+    like = self.cls_token                                      # the new head's device and dtype, and the model's mode
+    self.head = nn.Linear(self.num_features, num_classes, device=like.device, dtype=like.dtype) if num_classes > 0 else nn.Identity()
+    if num_classes > 0: init_weights(self.head)
+    self.head.train(self.training)
 
 def _no_weight_decay(self) -> set:
     "Names of parameters that weight decay should skip (the optimizer skips biases and norms by their shape)."
-    return {'cls_token', 'pos_embed'}
+    return {'cls_token'} | ({'pos_embed'} if isinstance(self.pos_embed, nn.Parameter) else set())  # not the fixed buffer
 
-Backbone.get_classifier, Backbone.reset_classifier, Backbone.no_weight_decay = _get_classifier, _reset_classifier, _no_weight_decay
+_add_methods(Backbone, get_classifier=_get_classifier, reset_classifier=_reset_classifier, no_weight_decay=_no_weight_decay)
 
 # %% ../../nbs/07_backbone.ipynb #43e30300
 def resize_pos_embed(pos_embed:torch.Tensor,  # (1, 1 + h*w, D): cls row, then a square h x w grid, row-major
@@ -227,17 +240,22 @@ def resize_pos_embed(pos_embed:torch.Tensor,  # (1, 1 + h*w, D): cls row, then a
                      old_grid=None,           # (h, w) of the old table; None: a square grid
                     ) -> torch.Tensor:        # (1, 1 + H*W, D)
     "Resize a position table by bicubic interpolation on its 2-D grid, keeping the cls row."
-    cls, grid = pos_embed[:, :1], pos_embed[:, 1:]
-    n, D = pos_embed.shape[1] - 1, pos_embed.shape[2]
+    n = pos_embed.shape[1] - 1
     if old_grid is None:
         side = math.isqrt(n)
         if side * side != n:
             raise ValueError(f"cannot resize a position table of {n} tokens: not a square grid; pass old_grid=(h, w)")
         old_grid = (side, side)
-    (h, w), (H, W) = to_2tuple(old_grid, 'old_grid'), to_2tuple(new_grid, 'new_grid')
-    if all(map(is_static, (h, w, n))) and h * w != n: raise ValueError(f"old_grid {h} x {w} does not hold the table's {n} tokens")
+    return _resize_grid(pos_embed, to_2tuple(new_grid, 'new_grid'), to_2tuple(old_grid, 'old_grid'))
+
+def _resize_grid(pos_embed:torch.Tensor, new_grid:Tuple[int, int], old_grid:Tuple[int, int]) -> torch.Tensor:
+    "`resize_pos_embed` with both grids given as (H, W) pairs (the function a scripted ViT calls)."
+    cls, grid = pos_embed[:, :1], pos_embed[:, 1:]
+    (n, D), (h, w), (H, W) = (pos_embed.shape[1] - 1, pos_embed.shape[2]), old_grid, new_grid
+    if is_static(h) and is_static(w) and is_static(n) and h * w != n:
+        raise ValueError(f"old_grid {h} x {w} does not hold the table's {n} tokens")
     grid = grid.reshape(1, h, w, D).permute(0, 3, 1, 2).float()                    # (1, D, h, w)
-    grid = F.interpolate(grid, size=(H, W), mode='bicubic', align_corners=False)   # (1, D, H, W)
+    grid = F.interpolate(grid, size=[H, W], mode='bicubic', align_corners=False)   # (1, D, H, W)
     grid = grid.permute(0, 2, 3, 1).reshape(1, H * W, D).to(pos_embed.dtype)       # (1, H*W, D)
     return torch.cat([cls, grid], dim=1)
 
@@ -258,14 +276,17 @@ class ViT(Backbone):
 
     def embed_tokens(self, x): return self.patch_embed(x)                 # (B, N, D)
 
-    def token_grid(self, size) -> tuple: return self.patch_embed.grid_size_for(size)
+    def token_grid(self, size:Tuple[int, int]) -> Tuple[int, int]: return self.patch_embed.grid_size_for(size)
 
-    def position_table(self, n:int, grid=None) -> torch.Tensor:  # (1, n, D)
-        "A learned table on another grid is resized bicubically (as `checkpoint_filter_fn` resizes a loaded one)."
+    def position_table(self, n:int, grid:Optional[Tuple[int, int]]=None) -> torch.Tensor:  # (1, n, D)
+        "As `Backbone`'s, but a learned table on another grid is resized bicubically (as `checkpoint_filter_fn` resizes a loaded one)."
+        if self.fixed_pos_embed: return self._sinusoid(n)                    # the hard split with T2T-ViT's sinusoid
         if self.pos_embed_type == 'learned' and grid is not None:
-            if all(map(is_static, grid)) and tuple(grid) == self.patch_embed.grid_size: return self.pos_embed
-            return resize_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size)  # any grid when traced (export)
-        return super().position_table(n, grid)
+            (h, w), built = grid, self.patch_embed.grid_size
+            if is_static(h) and is_static(w) and (h, w) == built: return self.pos_embed
+            return _resize_grid(self.pos_embed, (h, w), built)               # any grid when traced (export)
+        self._check_table_length(n)                                          # a loaded table that is not the sinusoid
+        return self.pos_embed
 
 # %% ../../nbs/07_backbone.ipynb #40121fd0
 def _register_cpu_sdpa_flops():

@@ -82,11 +82,17 @@ class DenseBlock(Block):
         self.dense_linear = nn.Linear(dim, growth_rate)
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D + g)
-        return torch.cat([x, self.dense_linear(super().forward(x))], dim=-1)
+        y = x + self.drop_path(self.attn(self.norm1(x)))            # `Block.forward`, at width D
+        y = y + self.drop_path(self.mlp(self.norm2(y)))
+        return torch.cat([x, self.dense_linear(y)], dim=-1)
 
     def forward_cls(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, 1, D + g)
         "`forward(x)[:, :1]`, computing only the cls token's new features."
-        return torch.cat([x[:, :1], self.dense_linear(super().forward_cls(x))], dim=-1)
+        cls = x[:, :1]                                              # (B, 1, D): the input's cls token, kept
+        y = self.norm1(x)                                           # `Block.forward_cls`, at width D
+        y = x[:, :1] + self.drop_path(self.attn.forward_cls(y))
+        y = y + self.drop_path(self.mlp(self.norm2(y)))
+        return torch.cat([cls, self.dense_linear(y)], dim=-1)
 
 class Transition(nn.Module):
     "DenseNet's transition for tokens: Linear to `out_features` (half the width), then GELU (the official `Transition`)."
@@ -96,6 +102,10 @@ class Transition(nn.Module):
         self.linear = nn.Linear(in_features, out_features)
 
     def forward(self, x:torch.Tensor) -> torch.Tensor: return self.act(self.linear(x))  # (B, N, D) -> (B, N, D_out)
+
+    def forward_cls(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, 1, D_out)
+        "The cls token through the transition (a scripted backbone's loop compiles `forward_cls` for every block)."
+        return self.forward(x[:, :1])
 
 class T2TViTDense(T2TViT):
     "T2T-ViT-Dense: the T2T module, then stages of `DenseBlock`s with a `Transition` between stages; the head is as wide as the end."
@@ -171,23 +181,28 @@ class GhostAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.fused_attn = True  # SDPA; False: the materialized (B, h, N, N) weights
 
-    def _heads(self, x:torch.Tensor, primary, cheap) -> torch.Tensor:  # (B, N, D) -> (B, h, N, d)
-        B, N, D = x.shape
-        return ghost_features(x, primary, cheap).reshape(B, N, self.num_heads, D // self.num_heads).transpose(1, 2)
+    def _heads(self, y:torch.Tensor, ghosts:torch.Tensor) -> torch.Tensor:  # (B, N, D/2) twice -> (B, h, N, d)
+        "The computed features and their ghosts, [y, ghosts] along the channels, split into heads."
+        B, N, half = y.shape
+        return torch.cat([y, ghosts], dim=-1).reshape(B, N, self.num_heads, 2 * half // self.num_heads).transpose(1, 2)
 
     def _attend(self, q, k, v) -> torch.Tensor:  # (B, h, M, d) x 3 -> (B, M, D), through `proj`
         x = attention(q, k, v, self.scale, self.attn_drop.p, self.training, fused=self.fused_attn)  # (B, h, M, d)
         B, h, M, d = x.shape
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, M, h * d)))
 
-    def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
-        return self._attend(self._heads(x, self.q, self.cheap_operation_q), self._heads(x, self.k, self.cheap_operation_k),
-                            self._heads(x, self.v, self.cheap_operation_v))
+    def _ghost_attention(self, xq:torch.Tensor, x:torch.Tensor) -> torch.Tensor:  # (B, M, D) queries, (B, N, D) -> (B, M, D)
+        "Attention of the tokens `xq` to the tokens `x`, q, k and v made as `ghost_features` makes them."
+        q, k, v = self.q(xq), self.k(x), self.v(x)                  # (B, M, D/2), (B, N, D/2) x 2: the computed halves
+        return self._attend(self._heads(q, self.cheap_operation_q(q.transpose(1, 2)).transpose(1, 2)),   # + their ghosts
+                            self._heads(k, self.cheap_operation_k(k.transpose(1, 2)).transpose(1, 2)),
+                            self._heads(v, self.cheap_operation_v(v.transpose(1, 2)).transpose(1, 2)))
+
+    def forward(self, x:torch.Tensor) -> torch.Tensor: return self._ghost_attention(x, x)  # (B, N, D) -> (B, N, D)
 
     def forward_cls(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, 1, D)
         "The output of the first (cls) token only: its query against every key."
-        return self._attend(self._heads(x[:, :1], self.q, self.cheap_operation_q),
-                            self._heads(x, self.k, self.cheap_operation_k), self._heads(x, self.v, self.cheap_operation_v))
+        return self._ghost_attention(x[:, :1], x)
 
 # %% ../../nbs/10_design_space.ipynb #79875a4f
 class GhostMlp(nn.Module):
@@ -208,9 +223,10 @@ class GhostMlp(nn.Module):
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D_out)
         x1 = self.act(self.fc1(x))                                                      # (B, N, D)
-        ghosts = [self.act(getattr(self, f'cheap_operation{i}')(x1.transpose(1, 2)).transpose(1, 2))
-                  for i in range(2, self.ratio + 1)]                                    # ratio - 1 of (B, N, D)
-        x = self.drop(torch.cat([x1, *ghosts], dim=-1))                                 # (B, N, ratio * D)
+        features = [x1]
+        for name, op in self.named_children():  # cheap_operation2, ... in order (TorchScript cannot getattr a built name)
+            if name.startswith('cheap_operation'): features.append(self.act(op(x1.transpose(1, 2)).transpose(1, 2)))
+        x = self.drop(torch.cat(features, dim=-1))                                      # (B, N, ratio * D)
         return self.drop(self.fc2(x))
 
 def ghost_block(**kwargs) -> Block:

@@ -6,6 +6,8 @@
 __all__ = ['hard_split', 'PatchEmbed', 'BlogBlock', 'BlogViT']
 
 # %% ../../nbs/01_hard_split.ipynb #b8d5b1cf
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -60,9 +62,10 @@ class PatchEmbed(nn.Module):
         x = self.proj(x)                                                  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2)                               # (B, N, D)
 
-    def grid_size_for(self, size) -> tuple:
+    def grid_size_for(self, size:Tuple[int, int]) -> Tuple[int, int]:  # size: (H, W), or an int (square)
         "The token grid `(H/P, W/P)` of an input of `size` (rounded up with `dynamic_img_pad`; else the patch must divide it)."
-        (H, W), (ph, pw) = to_2tuple(size, 'size'), self.patch_size
+        if not torch.jit.is_scripting(): size = to_2tuple(size, 'size')  # an int too; scripted callers pass (H, W)
+        (H, W), (ph, pw) = size, self.patch_size
         if self.dynamic_img_pad: return (-(-H // ph), -(-W // pw))
         if is_static(H) and is_static(W) and (H % ph or W % pw):
             raise ValueError(f"patch_size {self.patch_size} does not divide the input size {(H, W)}")

@@ -7,6 +7,8 @@ __all__ = ['T2T_SOFT_SPLITS', 'soft_split_size', 'soft_split', 'SoftSplit', 'res
            'coverage']
 
 # %% ../../nbs/02_soft_split.ipynb #add5fb9a
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -16,30 +18,37 @@ from ..core import to_2tuple, is_static, image_size, check_image_batch
 torch.fx.wrap('check_image_batch')  # a leaf of FX graphs: the check runs on the real tensor (chapters 22 and 24)
 
 # %% ../../nbs/02_soft_split.ipynb #1fba14fc
+def _split_grid(size:Tuple[int, int], kernel_size:Tuple[int, int], stride:Tuple[int, int], padding:Tuple[int, int]
+               ) -> Tuple[int, int]:  # (H_o, W_o)
+    "The output grid of a soft split, every argument an (H, W) pair; a window larger than the padded input is an error."
+    for n, k, p, axis in ((size[0], kernel_size[0], padding[0], 'height'), (size[1], kernel_size[1], padding[1], 'width')):
+        if is_static(n) and k > n + 2 * p:  # a symbolic size (compile, export) is checked when it is known
+            raise ValueError(f"kernel_size {k} is larger than the padded input {n + 2 * p} along the {axis} "
+                             f"(size {n} + 2 * padding {p})")
+    return ((size[0] + 2 * padding[0] - kernel_size[0]) // stride[0] + 1,
+            (size[1] + 2 * padding[1] - kernel_size[1]) // stride[1] + 1)
+
 def soft_split_size(size,          # input size along one axis (int) or (H, W)
                     kernel_size,   # k: window size, int or (k_h, k_w)
                     stride,        # distance between window starts (the paper's k - s), int or pair
                     padding=0,     # p: zeros added on each side, int or pair
                    ):              # the number of windows along the axis (int), or (H_o, W_o)
     "Output length of a soft split per axis: floor((size + 2p - k) / stride) + 1."
-    pair = isinstance(size, (tuple, list, torch.Size))
-    (H, W), (kh, kw) = to_2tuple(size, 'size'), to_2tuple(kernel_size, 'kernel_size')
-    (sh, sw), (ph, pw) = to_2tuple(stride, 'stride'), to_2tuple(padding, 'padding', min_value=0)
-    for n, k, p, axis in ((H, kh, ph, 'height'), (W, kw, pw, 'width')):
-        if is_static(n) and k > n + 2 * p:  # a symbolic size (compile, export) is checked when it is known
-            raise ValueError(f"kernel_size {k} is larger than the padded input {n + 2 * p} along the {axis} "
-                             f"(size {n} + 2 * padding {p})")
-    out = ((H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1)
-    return out if pair else out[0]
+    out = _split_grid(to_2tuple(size, 'size'), to_2tuple(kernel_size, 'kernel_size'), to_2tuple(stride, 'stride'),
+                      to_2tuple(padding, 'padding', min_value=0))
+    return out if isinstance(size, (tuple, list, torch.Size)) else out[0]
 
-def soft_split(img:torch.Tensor,  # images or feature maps (B, C, H, W)
-               kernel_size,       # k: window size, int or (k_h, k_w)
-               stride,            # distance between window starts, int or pair
-               padding=0,         # p: zeros added on each side, int or pair
-              ) -> torch.Tensor:  # tokens (B, L, C*k*k), L = H_o * W_o
+def soft_split(img:torch.Tensor,                 # images or feature maps (B, C, H, W)
+               kernel_size:Tuple[int, int],      # k: window size, int or (k_h, k_w)
+               stride:Tuple[int, int],           # distance between window starts, int or pair
+               padding:Tuple[int, int]=(0, 0),   # p: zeros added on each side, int or pair
+              ) -> torch.Tensor:                 # tokens (B, L, C*k*k), L = H_o * W_o
     "T2T-ViT's soft split: overlapping k x k windows as tokens, features ordered channel, then row, then column."
     img = check_image_batch(img, 'img', None)  # every argument, for TorchScript (chapter 00)
-    soft_split_size(image_size(img), kernel_size, stride, padding)  # validates the arguments
+    if not torch.jit.is_scripting():  # ints too, checked; TorchScript compiles the pairs a `SoftSplit` holds
+        kernel_size, stride = to_2tuple(kernel_size, 'kernel_size'), to_2tuple(stride, 'stride')
+        padding = to_2tuple(padding, 'padding', min_value=0)
+    _split_grid(image_size(img), kernel_size, stride, padding)  # the window must fit the padded image
     tokens = F.unfold(img, kernel_size=kernel_size, stride=stride, padding=padding)  # (B, C*k*k, L)
     return tokens.transpose(1, 2)                                         # (B, L, C*k*k)
 
@@ -55,9 +64,10 @@ class SoftSplit(nn.Module):
         self.kernel_size, self.stride = to_2tuple(kernel_size, 'kernel_size'), to_2tuple(stride, 'stride')
         self.padding = to_2tuple(padding, 'padding', min_value=0)
 
-    def output_size(self, size) -> tuple:
+    def output_size(self, size:Tuple[int, int]) -> Tuple[int, int]:  # size: (H, W), or an int (square)
         "The token grid `(H_o, W_o)` this split makes of an input of `size` (int or (H, W))."
-        return soft_split_size(to_2tuple(size), self.kernel_size, self.stride, self.padding)  # ints, or symbolic sizes
+        if not torch.jit.is_scripting(): size = to_2tuple(size, 'size')  # an int too; TorchScript compiles (H, W)
+        return _split_grid(size, self.kernel_size, self.stride, self.padding)  # ints, or symbolic sizes
 
     def forward(self, x):
         return soft_split(x, self.kernel_size, self.stride, self.padding)  # (B, L, C*k*k)
@@ -66,13 +76,15 @@ class SoftSplit(nn.Module):
 
 # %% ../../nbs/02_soft_split.ipynb #27952add
 def restructurize(tokens:torch.Tensor,  # (B, N, C), numbered row-major over the grid
-                  size,                 # the grid: int (square) or (H, W), with H * W = N
+                  size:Tuple[int, int], # the grid: int (square) or (H, W), with H * W = N
                  ) -> torch.Tensor:     # (B, C, H, W)
     "Re-structurization: put a sequence of tokens back on its `(H, W)` grid as an image."
-    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3:
-        raise ValueError(f"tokens must be a 3-D tensor (B, N, C), got "
-                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
-    H, W = to_2tuple(size, 'size')
+    if not torch.jit.is_scripting():  # any input checked, an int size too; TorchScript compiles a tensor and (H, W)
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3:
+            raise ValueError(f"tokens must be a 3-D tensor (B, N, C), got "
+                             f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+        size = to_2tuple(size, 'size')
+    H, W = size
     B, N, C = tokens.shape
     if is_static(N) and is_static(H) and is_static(W) and N != H * W:
         raise ValueError(f"cannot re-structurize {N} tokens into a {H} x {W} grid ({H * W} tokens)")
@@ -90,15 +102,20 @@ def t2t_grid_sizes(img_size, splits=T2T_SOFT_SPLITS) -> list:
     return sizes
 
 # %% ../../nbs/02_soft_split.ipynb #a2eaebc7
-def soft_split_fast(x:torch.Tensor,           # images (B, C, H, W), or a token map (B, H, W, C) if channels_last
-                    kernel_size, stride, padding=0,  # k, stride, p: ints or pairs, as for `soft_split`
-                    channels_last:bool=False  # True: `x` is (B, H, W, C), e.g. tokens (B, H*W, C) viewed on their grid
-                   ) -> torch.Tensor:         # tokens (B, L, C*k*k), contiguous, equal to `soft_split` of the image
+def soft_split_fast(x:torch.Tensor,                 # images (B, C, H, W), or a token map (B, H, W, C) if channels_last
+                    kernel_size:Tuple[int, int],    # k, stride, p: ints or pairs, as for `soft_split`
+                    stride:Tuple[int, int],
+                    padding:Tuple[int, int]=(0, 0),
+                    channels_last:bool=False        # True: `x` is (B, H, W, C), e.g. tokens (B, H*W, C) viewed on their grid
+                   ) -> torch.Tensor:               # tokens (B, L, C*k*k), contiguous, equal to `soft_split` of the image
     "The soft split as a strided gather into token-major order (zero padding, then one copy; no im2col, no transpose copy)."
     x = check_image_batch(x, 'x', None)  # every argument: TorchScript keeps no defaults of an ignored function
+    if not torch.jit.is_scripting():  # as `soft_split`
+        kernel_size, stride = to_2tuple(kernel_size, 'kernel_size'), to_2tuple(stride, 'stride')
+        padding = to_2tuple(padding, 'padding', min_value=0)
     H, W = (x.shape[1], x.shape[2]) if channels_last else (x.shape[2], x.shape[3])
-    (Ho, Wo), (kh, kw) = soft_split_size((H, W), kernel_size, stride, padding), to_2tuple(kernel_size, 'kernel_size')
-    (sh, sw), (ph, pw) = to_2tuple(stride, 'stride'), to_2tuple(padding, 'padding', min_value=0)
+    (Ho, Wo), (kh, kw) = _split_grid((H, W), kernel_size, stride, padding), kernel_size
+    (sh, sw), (ph, pw) = stride, padding
     B, C = x.shape[0], (x.shape[3] if channels_last else x.shape[1])  # C*kh*kw spelled out: B may be 0
     if channels_last:
         x = F.pad(x, (0, 0, pw, pw, ph, ph))                          # (B, H+2p, W+2p, C), zeros

@@ -6,6 +6,8 @@
 __all__ = ['TOKENS_TYPES', 'T2TModule']
 
 # %% ../../nbs/06_t2t_module.ipynb #2223aa86
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 
@@ -49,11 +51,10 @@ class T2TModule(nn.Module):
         self.num_patches = self.grid_size[0] * self.grid_size[1]     # tokens at img_size, e.g. 196
         self.gather_splits = True                                    # one-copy soft splits; False: unfold, re-structurize
 
-    def grid_size_for(self, size) -> tuple:
+    def grid_size_for(self, size:Tuple[int, int]) -> Tuple[int, int]:  # size: (H, W), or an int (square)
         "The output token grid `(H_o, W_o)` for an input of `size` (int or (H, W)); the module outputs H_o * W_o tokens."
-        size = to_2tuple(size, 'size')
-        for split in (self.soft_split0, self.soft_split1, self.soft_split2): size = split.output_size(size)
-        return size
+        if not torch.jit.is_scripting(): size = to_2tuple(size, 'size')  # an int too; TorchScript compiles (H, W)
+        return self.soft_split2.output_size(self.soft_split1.output_size(self.soft_split0.output_size(size)))
 
     def forward(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
         x = check_image_batch(x, 'input', self.in_chans)
@@ -71,13 +72,12 @@ class T2TModule(nn.Module):
 
     def _forward_gathered(self, x:torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, N, D)
         "The same computation with `soft_split_fast`: tokens gathered in token order, token maps never re-structurized."
-        def split(ss, t, channels_last=False):
-            return soft_split_fast(t, ss.kernel_size, ss.stride, ss.padding, channels_last=channels_last)
-        B = x.shape[0]
-        H0, W0 = self.soft_split0.output_size(image_size(x))
+        s0, s1, s2 = self.soft_split0, self.soft_split1, self.soft_split2   # the three splits' kernel sizes, strides, paddings
+        B, (H0, W0) = x.shape[0], self.soft_split0.output_size(image_size(x))
         H1, W1 = self.soft_split1.output_size((H0, W0))
-        x = self.attention1(split(self.soft_split0, x))              # (B, H0*W0, token_dim)
-        x = split(self.soft_split1, x.reshape(B, H0, W0, x.shape[-1]), True)   # (B, H1*W1, token_dim*3*3): the grid is a view
-        x = self.attention2(x)                                        # (B, H1*W1, token_dim)
-        x = split(self.soft_split2, x.reshape(B, H1, W1, x.shape[-1]), True)   # (B, H2*W2, token_dim*3*3)
-        return self.project(x)                                        # (B, N, D)
+        x = self.attention1(soft_split_fast(x, s0.kernel_size, s0.stride, s0.padding))   # (B, H0*W0, token_dim)
+        x = x.reshape(B, H0, W0, x.shape[-1])                                             # (B, H0, W0, token_dim): a view
+        x = self.attention2(soft_split_fast(x, s1.kernel_size, s1.stride, s1.padding, True))  # (B, H1*W1, token_dim)
+        x = x.reshape(B, H1, W1, x.shape[-1])                                             # (B, H1, W1, token_dim)
+        x = soft_split_fast(x, s2.kernel_size, s2.stride, s2.padding, True)               # (B, H2*W2, token_dim*3*3)
+        return self.project(x)                                                            # (B, N, D)
