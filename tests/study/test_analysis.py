@@ -97,7 +97,7 @@ def test_the_texts_quote_the_committed_grid():
     interval = re.compile(num + r'(?: points)? \[' + num + ', ' + num + r'\]')
     top1 = re.compile(r'`?\b(' + '|'.join(accs) + r')\b`?:? (?:reaches |at )?(\d+\.\d+)%')
     texts = {'README.md': (REPO / 'README.md').read_text()}
-    for nb in ('20a_grids', '20b_runner', '20c_analysis', '21_visualise'):
+    for nb in ('20a_grids', '20b_runner', '20c_analysis', '20d_cli', '21_visualise'):
         cells = json.loads((REPO / 'nbs' / f'{nb}.ipynb').read_text())['cells']
         texts[nb] = '\n\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
     same = lambda quoted, x: round(x, len(quoted.split('.')[1])) == float(quoted)
