@@ -70,7 +70,7 @@ fi
 
 # Both test runners start one process per core (nbdev_test) or per PYTEST_WORKERS; torch's own threads on top of that
 # only spin against each other: one thread per process unless OMP_NUM_THREADS says otherwise (measured on 2 cores:
-# pytest on test_models and test_timm 222 -> 120 s, nbdev_test 227 -> 199 s).
+# pytest on the model and timm tests 222 -> 120 s, nbdev_test 227 -> 199 s).
 PYTEST_WORKERS=${PYTEST_WORKERS:-2}
 CORES=$(python -c 'import os; print(len(os.sched_getaffinity(0)))')
 OMP_SET=${OMP_NUM_THREADS:-}

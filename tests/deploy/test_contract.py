@@ -1,6 +1,6 @@
 """timm's model contract on our models (chapter 23, `t2t_course.deploy.contract`): `import t2t_course` alone, with timm
 unimportable, gives every model the contract's methods; `forward_intermediates` with no block named is refused. What
-timm itself asks of our models: tests/test_timm.py."""
+timm itself asks of our models: tests/deploy/test_timm.py."""
 import subprocess, sys
 
 import pytest

@@ -1,4 +1,4 @@
-"""The T2T-ViT family (chapter 08a, `t2t_course.models.t2t_vit`): the registry and its variants, official layouts,
+"""The T2T-ViT family (chapter 08b, `t2t_course.models.t2t_vit`): the registry and its variants, official layouts,
 golden logits, the timm-style contract (one property per test, over every registered model), an empty batch,
 checkpoint conversion, bad input, and MAC counts against the official ones. Elsewhere: the fast paths against the
 readable paths (tests/test_core.py), the position table and the head (test_backbone.py), unreadable checkpoint files

@@ -1,4 +1,4 @@
-"""Reading a checkpoint file safely (chapter 08b, `t2t_course.models.weights`): every file that cannot be read (text,
+"""Reading a checkpoint file safely (chapter 08a, `t2t_course.models.weights`): every file that cannot be read (text,
 truncated, empty, pickled numpy, a list, a dict without weights) is one message naming the file and what was expected,
 through `create_model(pretrained=path)` and `load_checkpoint`; a pickle that calls a function is refused, never run."""
 import os

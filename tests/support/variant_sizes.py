@@ -1,6 +1,6 @@
 """Overrides that shrink a registered variant to a few blocks, its widths, heads and block types kept.
 
-Shared by the tests that run every variant (tests/models/test_t2t_vit.py, tests/test_core.py, tests/test_timm.py): the
+Shared by the tests that run every variant (tests/models/test_t2t_vit.py, tests/test_core.py, tests/deploy/test_timm.py): the
 blocks of a variant are one code object repeated, so a few of them hold every path a test can take, at a fraction of
 the cost of the full depth."""
 import torch

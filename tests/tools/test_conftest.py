@@ -1,6 +1,6 @@
 """tests/conftest.py, the suite's configuration. The GPU machine's run, `python3 -m pytest -m cuda tests`, on its own
 Python: it collects every cuda test whatever timm and onnx it has (conftest's `pytest_ignore_collect` leaves out the
-modules without a cuda test, and tests/test_timm.py skips itself when timm's internals are missing); every other test is
+modules without a cuda test, and tests/deploy/test_timm.py skips itself when timm's internals are missing); every other test is
 pinned to the CPU (conftest's `cpu_pin`), while a cuda test sees the GPU; and T2T_REQUIRE_CUDA=1 turns a cuda test's
 skip into a failure that names the reason."""
 import ast, os, re, subprocess, sys, types
@@ -70,14 +70,14 @@ def test_cuda_run_collects_every_cuda_test_without_timm_or_onnx(tmp_path):
     missing = [i for i in cuda_tests() if not any(l == i or l.startswith(i + '[') for l in p.stdout.splitlines())]
     assert missing == [], (missing, out[-3000:])
     assert 'blocked' not in out and not ERROR.search(out), out[-3000:]
-    assert 'tests/test_timm.py' not in out and 'tests/deploy/' not in out  # not even imported
+    assert 'tests/deploy/' not in out  # not even imported (test_timm.py, test_export.py: no cuda test)
 
 
 @pytest.mark.parametrize('version', [None, '0.0.fake'])
 def test_plain_collection_skips_test_timm_with_the_reason(tmp_path, version):
     "Without -m: a timm that cannot be imported, or one without the internals the tests use, skips test_timm.py with "
     "the reason (not a collection error); tests/deploy/test_export.py collects (onnx is imported by the tests that use it)."
-    p = _pytest(['--collect-only', '-q', '-rs', 'tests/test_timm.py', 'tests/deploy/test_export.py'],
+    p = _pytest(['--collect-only', '-q', '-rs', 'tests/deploy/test_timm.py', 'tests/deploy/test_export.py'],
                 _blockers(tmp_path / 'fakes', version))
     out = p.stdout + p.stderr
     assert p.returncode == 0 and not ERROR.search(out), out[-3000:]  # the reason's ImportError is no word 'error'

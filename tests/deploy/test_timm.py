@@ -30,7 +30,7 @@ except ImportError as e:
     _v = getattr(sys.modules.get('timm'), '__version__', None)
     pytest.skip(f"timm{' ' + _v if _v else ''} cannot be used here: {type(e).__name__}: {e}", allow_module_level=True)
 
-REF = Path(__file__).resolve().parents[1] / 'reference'
+REF = Path(__file__).resolve().parents[2] / 'reference'
 MODELS = t2t_course.list_models()
 
 
