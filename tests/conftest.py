@@ -11,7 +11,7 @@ the fixtures that tests in several folders use (`trained`). A folder's own fixtu
   values (bit-exact resumes, fp32 tolerances) are the CPU's.
 - `pytest -m cuda` (the GPU machine's run) collects only the test modules that hold a cuda-marked test
   (`pytest_ignore_collect`).
-- `docs` tests compare prose with numbers (the README's tables, the numbers the chapters quote): `pytest -m docs` runs
+- `docs` tests compare prose with numbers (the experiments guide's tables, the numbers the chapters and guides quote): `pytest -m docs` runs
   them alone, `pytest -m "not docs"` leaves them out.
 """
 import contextlib, os
@@ -40,7 +40,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test, skipped unless --runslow is given")
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU; skipped when none is available (fails with T2T_REQUIRE_CUDA=1)")
-    config.addinivalue_line("markers", "docs: compares prose (README.md, the notebooks' markdown) with the numbers it quotes")
+    config.addinivalue_line("markers", "docs: compares prose (README.md, the guides, the notebooks' markdown) with the numbers it quotes")
 
 
 def pytest_ignore_collect(collection_path, config):

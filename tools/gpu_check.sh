@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The first-GPU-run check, for a lent CUDA machine (one H200) whose own python3 holds torch, torchvision, timm and pytest
-# but not nbdev, and which has no network. Phase 1 installs nothing and runs the checkout in place (on PYTHONPATH).
+# The GPU check, for a CUDA node without network (a cluster's compute node, say) whose python3 holds torch (a CUDA
+# build), torchvision, timm and pytest but not nbdev. Phase 1 installs nothing and runs the checkout in place (on
+# PYTHONPATH); the project need not be installed. A GPU node's time is often short (a queue's limit, a reserved slot):
+# each phase is bounded by the sum of its steps' limits, so that a failed phase can run again in the same slot.
 #
 #   bash tools/gpu_check.sh [OUTDIR]               # phase 1: preflight, pytest -m cuda, both benchmarks (limits: 300 s)
-#   bash tools/gpu_check.sh --phase 2 [OUTDIR]     # phase 2: the notebooks' #| cuda cells, nbdev from carried wheels
-#                                                  #   (made here by bash tools/wheels.sh; limits: 180 s)
+#   bash tools/gpu_check.sh --phase 2 [OUTDIR]     # phase 2: the notebooks' #| cuda cells, nbdev from the wheel folder
+#                                                  #   (made where there is network by bash tools/wheels.sh; limits: 180 s)
 #   bash tools/gpu_check.sh --dry-run [OUTDIR]     # phase 1's commands on the CPU with tiny sizes (a minute or two)
 #   bash tools/gpu_check.sh [--phase 2] [--dry-run] --plan    # print the steps and their limits, run nothing
 #
@@ -13,12 +15,12 @@
 # T2T_REQUIRE_CUDA=1 (a skipped cuda test fails), benchmarks/data_pipeline.py --quick 50 s (the CPU pipelines, then fast
 # and gpu on the GPU), benchmarks/gpu_train.py 135 s (batch 64 and 256, eager and compiled; the loader), last.
 # Phase 2: preflight 15 s, install 20 s (the wheels into /tmp/t2t_site, on PYTHONPATH after the checkout), then
-# nbdev_test --flags cuda on each notebook with #| cuda cells (12_pipeline 45 s, 18_train 100 s).
-# The limits are estimates: no step has run on a GPU yet. The dry run has no GPU number.
+# nbdev_test --flags cuda on each notebook with #| cuda cells (12c_gpu 45 s, 18d_loop 100 s, any other 60 s).
+# The limits are estimates: no step has been timed on a GPU. The dry run has no GPU number.
 #
-# OUTDIR (default gpu_logs/<date-time>/; on the device machine "$OUT", the only folder that comes back) receives one
-# log per step and summary.txt: at most 8 files. Every step has a time limit (timeout, then KILL 5 s later); the exit
-# status is 0 only if every step passed. Environment: PYTHON (default python3), the interpreter to use.
+# OUTDIR (default gpu_logs/<date-time>/) is the folder to copy back from the node: one log per step and summary.txt, at
+# most 8 files with plain names (letters, digits, '.', '_', '-'). Every step has a time limit (timeout, then KILL 5 s
+# later); the exit status is 0 only if every step passed. Environment: PYTHON (default python3), the interpreter to use.
 set -uo pipefail
 
 usage() {
@@ -29,7 +31,7 @@ Options:
   --phase 1|2     which phase (default 1)
   --dry-run       CPU in place of CUDA, tiny sizes, T2T_REQUIRE_CUDA unset (the cuda tests skip); same files and summary
   --plan          print the plan (steps, limits, commands) and exit
-  --wheels DIR    phase 2's wheel folder (default the checkout's gpu_wheels/, made by: bash tools/wheels.sh)
+  --wheels DIR    phase 2's wheel folder (default the checkout's gpu_wheels/, made where there is network by: bash tools/wheels.sh)
   -h, --help      this text
 EOF
 }
@@ -122,7 +124,7 @@ q() { printf '%q' "$1"; }
 cuda_modules() { grep -rl --include='test_*.py' 'mark\.cuda' tests 2>/dev/null | LC_ALL=C sort | paste -sd' ' -; }
 cuda_notebooks() { grep -lE '^ *"#\| cuda\\n",?$' nbs/*.ipynb 2>/dev/null; }   # a code cell whose first line is #| cuda
 nb_limit() {  # seconds for one notebook's run (whole, its #| cuda cells included), by estimate: never measured on a GPU
-  if [ "$DRY" = 1 ]; then echo 240; return; fi  # on 2 busy cores here: 22-48 s and 58-119 s
+  if [ "$DRY" = 1 ]; then echo 240; return; fi  # on 2 shared CPU cores the two notebooks took 22-48 s and 58-119 s
   case $(basename "$1") in 12c_gpu.ipynb) echo 45 ;; 18d_loop.ipynb) echo 100 ;; *) echo 60 ;; esac
 }
 
@@ -150,7 +152,7 @@ else
   MODE=$([ "$DRY" = 1 ] && echo cpu || echo cuda)
   plan_add preflight 15 preflight.log scored "$(q "$PY") -c \"\$PREFLIGHT\" $MODE $(q "$PY")"
   tags=''
-  if [ "$DRY" = 1 ]; then  # wheels for the device's CPython 3.12: pip checks their tags as if it were that one
+  if [ "$DRY" = 1 ]; then  # wheels for the GPU node's CPython 3.12: pip checks their tags as if it were that one
     tags='--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64'
   fi
   plan_add install 20 install.log scored \
@@ -166,7 +168,7 @@ TOTAL=0
 for l in "${LIMITS[@]}"; do TOTAL=$((TOTAL + l)); done
 print_plan() {
   local budget="budget $BUDGET s"
-  [ "$DRY" = 1 ] && [ "$TOTAL" -gt "$BUDGET" ] && budget="the device's budget is $BUDGET s: the dry run gives the CPU's notebooks longer"
+  [ "$DRY" = 1 ] && [ "$TOTAL" -gt "$BUDGET" ] && budget="the phase's budget on a GPU is $BUDGET s: the dry run gives the CPU's notebooks longer"
   echo "gpu_check plan: phase $PHASE$([ "$DRY" = 1 ] && echo ', dry run (CPU, tiny sizes)'), ${#NAMES[@]} steps, limits sum to $TOTAL s ($budget); logs in $OUTDIR"
   local i
   for i in "${!NAMES[@]}"; do
@@ -178,7 +180,7 @@ print_plan
 [ "$PLAN_ONLY" = 1 ] && exit 0
 
 if [ "$PHASE" = 2 ] && ! compgen -G "$WHEELS/*.whl" >/dev/null; then
-  echo "gpu_check: no wheels in $WHEELS (phase 2 installs nbdev from it): make it with 'bash tools/wheels.sh' on a machine with PyPI, and carry it to this one" >&2
+  echo "gpu_check: no wheels in $WHEELS (phase 2 installs nbdev from it): make it with 'bash tools/wheels.sh' on a machine with network, and copy it to this one" >&2
   exit 2
 fi
 mkdir -p "$OUTDIR" || { echo "gpu_check: cannot make OUTDIR $OUTDIR" >&2; exit 2; }
@@ -249,9 +251,9 @@ write_summary() {
     n=$(find "$OUTDIR" -type f ! -path "$s" | wc -l); n=$((n + 1))  # summary.txt included
     bad=$(find "$OUTDIR" -mindepth 1 | sed "s|^$OUTDIR/||" | grep -vE '^([A-Za-z0-9._-]+/){0,2}[A-Za-z0-9._-]+$')
     if [ "$n" -gt 8 ] || [ -n "$bad" ]; then
-      echo "FAIL outputs: $n files in $OUTDIR (at most 8 come back, named in letters, digits, '.', '_', '-', 2 folders deep)${bad:+; bad: $bad}"
+      echo "FAIL outputs: $n files in $OUTDIR (at most 8 to copy back, named in letters, digits, '.', '_', '-', 2 folders deep)${bad:+; bad: $bad}"
       status=1
-    else echo "outputs: $n files in $OUTDIR (at most 8 come back)"; fi
+    else echo "outputs: $n files in $OUTDIR (at most 8 to copy back)"; fi
     echo "result: $([ $status = 0 ] && echo PASS || echo FAIL)"
   } >"$tmp"
   mv "$tmp" "$s" && chmod 644 "$s"

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# The wheels that tools/gpu_check.sh's phase 2 installs on the GPU machine, which has no network and whose python3
-# (CPython 3.12, manylinux x86_64) has torch, timm and pytest but not nbdev: nbdev==2.4.14, execnb<0.2, fastcore<1.15
-# and everything they need, recursively (IPython and its dependencies, PyYAML, watchdog, ghapi, astunparse, ...), one
-# version each, binary wheels only, resolved by pip for that Python and platform (not this machine's).
+# The wheels that tools/gpu_check.sh's phase 2 installs on a CUDA node without network, whose python3 (CPython 3.12,
+# manylinux x86_64) has torch, timm and pytest but not nbdev: nbdev==2.4.14, execnb<0.2, fastcore<1.15 and everything
+# they need, recursively (IPython and its dependencies, PyYAML, watchdog, ghapi, astunparse, ...), one version each,
+# binary wheels only, resolved by pip for that Python and platform (not this machine's; for another Python, change
+# --python-version in TAGS below). Run it where there is network.
 #
-#   bash tools/wheels.sh [DIR]        # default gpu_wheels/ (git ignores it); then carry it: run's carry ["gpu_wheels"]
+#   bash tools/wheels.sh [DIR]        # default gpu_wheels/ (git ignores it); then copy it with the checkout to the node
 #
-# Every dependency is included, also those the GPU machine already has (packaging, PyYAML, Pygments, psutil, six,
+# Every dependency is included, also those the node may already have (packaging, PyYAML, Pygments, psutil, six,
 # typing_extensions, setuptools, httpx, ...): on PYTHONPATH they shadow its copies in phase 2's processes only, and the
 # wheels' versions are the ones nbdev's resolver chose. DIR is replaced whole, so no stale second version is left in it.
-# It then installs DIR's wheels into a scratch folder as the device will (pip --no-index --no-deps --target, the tags
+# It then installs DIR's wheels into a scratch folder as the node will (pip --no-index --no-deps --target, the tags
 # checked for CPython 3.12 manylinux) and imports nbdev, execnb, fastcore and IPython from there with CHECK_PYTHON
-# (default: python3.12 if there is one, else python3); the size must stay under the 64 MiB that may travel.
+# (default: python3.12 if there is one, else python3); the folder must stay under 64 MiB, small enough to copy along.
 # Environment: PYTHON (default python3), whose pip downloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,14 +30,14 @@ trap 'rm -rf "$new" "$scratch"' EXIT
 echo "wheels: downloading ${REQS[*]} and their dependencies for CPython 3.12 manylinux x86_64 into $DIR/"
 "$PY" -m pip download -q --disable-pip-version-check "${TAGS[@]}" -d "$new" "${REQS[@]}"
 
-# one version of each distribution (pip's normalised names), or the device's install stops
+# one version of each distribution (pip's normalised names), or the node's install stops
 dupes=$(for f in "$new"/*.whl; do basename "$f" | cut -d- -f1 | tr 'A-Z_.' 'a-z--'; done | sort | uniq -d)
 [ -z "$dupes" ] || { echo "wheels: more than one version of: $dupes" >&2; exit 1; }
 n=$(find "$new" -name '*.whl' | wc -l)
 kib=$(du -sk "$new" | cut -f1)
-[ "$kib" -lt $((LIMIT_MIB * 1024)) ] || { echo "wheels: $((kib / 1024)) MiB is over the $LIMIT_MIB MiB that may travel" >&2; exit 1; }
+[ "$kib" -lt $((LIMIT_MIB * 1024)) ] || { echo "wheels: $((kib / 1024)) MiB is over the limit of $LIMIT_MIB MiB" >&2; exit 1; }
 
-# install as the device will, and import from the scratch folder
+# install as the node will, and import from the scratch folder
 CHECK_PY=${CHECK_PYTHON:-}
 if [ -z "$CHECK_PY" ]; then
   if python3.12 -c '' 2>/dev/null; then CHECK_PY=python3.12; else CHECK_PY=python3; fi
@@ -60,4 +61,4 @@ mv "$new" "$DIR"
 chmod 755 "$DIR"
 ls "$DIR"
 echo "wheels: $n wheels, $(du -sh "$DIR" | cut -f1) in $DIR/ (limit $LIMIT_MIB MiB); installed into a scratch folder and imported with $ver"
-case $ver in "Python 3.12"*) ;; *) echo "wheels: note: that Python is not 3.12 (the device's): the compiled parts of the cp312 wheels (PyYAML's) were not loaded" ;; esac
+case $ver in "Python 3.12"*) ;; *) echo "wheels: note: that Python is not 3.12 (the node's): the compiled parts of the cp312 wheels (PyYAML's) were not loaded" ;; esac

@@ -1,6 +1,6 @@
 """Reading a study's results (chapter 20c, `t2t_course.study.analysis`): whole seeds only, t-intervals and the verdict
-rule, family curves read in log cost and never extrapolated, the claims' verdicts on made-up results; and the README's
-tables and the numbers the chapters and the README quote, against the committed claims grid (marked `docs`)."""
+rule, family curves read in log cost and never extrapolated, the claims' verdicts on made-up results; and the experiments
+guide's tables and the numbers the chapters and the guides quote, against the committed claims grid (marked `docs`)."""
 import json
 
 import numpy as np
@@ -57,14 +57,14 @@ def test_claim_verdicts_on_made_up_results():
 
 # ------------------------------------------------------------------ the prose against the committed grid
 @pytest.mark.docs
-def test_readme_reports_the_committed_claims_grid():
-    "The README's experiments tables are the committed claims grid's report on its whole seeds, as chapter 20 prints it, digit for digit."
+def test_experiments_guide_reports_the_committed_claims_grid():
+    "The experiments guide's tables are the committed claims grid's report on its whole seeds, as chapter 20c prints it, digit for digit."
     kept = read_results(REPO / 'nbs' / 'study' / 'claims' / 'results.csv')
     rows = complete_seeds(kept, grid_models('claims'))
     assert rows and {r['epochs'] for r in rows} == {EPOCHS}
-    readme = (REPO / 'README.md').read_text()
+    guide = (REPO / 'nbs' / 'guides' / 'experiments.md').read_text()
     for table in report(rows, markdown=True).split('\n\n'):
-        assert table in readme, f"README.md's experiments section is not the committed rows' report; it should hold:\n{table}"
+        assert table in guide, f"nbs/guides/experiments.md is not the committed rows' report; it should hold:\n{table}"
 
 
 def _committed_grid_numbers():
@@ -87,7 +87,7 @@ def _quotes(text:str, pattern):
 
 @pytest.mark.docs
 def test_the_texts_quote_the_committed_grid():
-    """The prose of chapters 20 and 21 and of the README quotes the grid's numbers by hand: every interval written as
+    """The prose of chapters 20 and 21 and of the guides and the README quotes the grid's numbers by hand: every interval written as
     `+8.0 [+3.3, +12.7]` (or `+8.0 points [...]`) is one the committed rows give, to the digits written, and so is every
     top-1 written after a model's label (`t2t_64 89.1%`: a seed mean or one run). A grid re-run without the prose
     rewritten fails here."""
@@ -96,7 +96,7 @@ def test_the_texts_quote_the_committed_grid():
     num = r'([+-]\d+\.\d+)'
     interval = re.compile(num + r'(?: points)? \[' + num + ', ' + num + r'\]')
     top1 = re.compile(r'`?\b(' + '|'.join(accs) + r')\b`?:? (?:reaches |at )?(\d+\.\d+)%')
-    texts = {'README.md': (REPO / 'README.md').read_text()}
+    texts = {p.name: p.read_text() for p in [REPO / 'README.md', *sorted((REPO / 'nbs' / 'guides').glob('*.md'))]}
     for nb in ('20a_grids', '20b_runner', '20c_analysis', '20d_cli', '21_visualise'):
         cells = json.loads((REPO / 'nbs' / f'{nb}.ipynb').read_text())['cells']
         texts[nb] = '\n\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'markdown')
@@ -110,4 +110,4 @@ def test_the_texts_quote_the_committed_grid():
             checked += 1
             if not any(same(acc, x) for x in accs[label]): wrong.append(f"{name}: {label} {acc}%")
     assert not wrong, "quoted, but no committed run of the claims grid gives it (to the digits written):\n" + '\n'.join(wrong)
-    assert checked >= 20   # the verdicts of chapter 20 and the README are quoted, not only tabulated
+    assert checked >= 20   # the verdicts of chapter 20 and the experiments guide are quoted, not only tabulated

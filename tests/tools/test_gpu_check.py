@@ -1,8 +1,9 @@
-"""tools/gpu_check.sh, the first GPU run's script, checked on a CPU before a GPU machine is lent (device time is short):
-its dry run (every phase-1 command on the CPU with tiny sizes) passes and leaves files that can come back; on a machine
-without CUDA, or with a Python without torch, it stops at once with one line saying what is missing, never passing by
-skipping; its plan fits the device time (phase 1 within 300 s, phase 2 within 180 s, so that a second try fits); and
-phase 2 without the carried wheels says to run tools/wheels.sh. The GPU numbers themselves are not measured here."""
+"""tools/gpu_check.sh, the GPU check for a CUDA node without network, checked on a CPU before it runs on a GPU node
+(a GPU node's time is short): its dry run (every phase-1 command on the CPU with tiny sizes) passes and leaves files
+that can be copied back; on a machine without CUDA, or with a Python without torch, it stops at once with one line
+saying what is missing, never passing by skipping; its plan fits its limits (phase 1 within 300 s, phase 2 within
+180 s, so that a second try fits in a short slot); and phase 2 without the wheel folder says to run tools/wheels.sh.
+The GPU numbers themselves are not measured here."""
 import json, os, re, shlex, subprocess, sys, time
 from pathlib import Path
 
@@ -11,12 +12,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / 'tools' / 'gpu_check.sh'
-NAME = re.compile(r'^[A-Za-z0-9._-]+$')  # what the device machine sends back: letters, digits, '.', '_', '-'
+NAME = re.compile(r'^[A-Za-z0-9._-]+$')  # the output folder's file names: letters, digits, '.', '_', '-'
 PHASE1_STEPS = ['preflight', 'nvidia-smi', 'pytest_cuda', 'data_pipeline', 'gpu_train']
 
 
 def gpu_check(*args, python=sys.executable, timeout=150):
-    "Run the script as the device would (bash, from anywhere), with PYTHON set; (exit status, stdout, stderr, seconds)."
+    "Run the script as on a GPU node (bash, from anywhere), with PYTHON set; (exit status, stdout, stderr, seconds)."
     env = {k: v for k, v in os.environ.items() if k not in ('T2T_REQUIRE_CUDA', 'PYTHONPATH')}
     env['PYTHON'] = str(python)
     t = time.monotonic()
@@ -35,7 +36,7 @@ def plan(*args):
 
 
 def test_plan_fits_the_device_time():
-    "Phase 1's limits sum to at most 300 s and phase 2's to 180 s (15 minutes of device time hold both and a retry)."
+    "Phase 1's limits sum to at most 300 s and phase 2's to 180 s (a short GPU slot holds both phases and a retry)."
     steps, total = plan()
     assert list(steps) == PHASE1_STEPS and sum(steps.values()) == total <= 300, steps
     dry, _ = plan('--dry-run')
@@ -85,7 +86,7 @@ def test_a_python_without_torch_stops_with_one_line(tmp_path):
 
 
 def test_phase2_without_wheels_names_tools_wheels_sh(tmp_path):
-    "Phase 2 without the carried wheel folder: non-zero at once, one line naming the folder and tools/wheels.sh."
+    "Phase 2 without the wheel folder: non-zero at once, one line naming the folder and tools/wheels.sh."
     code, out, err, dt = gpu_check('--phase', '2', '--wheels', tmp_path / 'none', tmp_path / 'out', timeout=30)
     assert code != 0 and dt < 10 and 'tools/wheels.sh' in err and str(tmp_path / 'none') in err, (code, err)
     assert not (tmp_path / 'out').exists()  # nothing ran
@@ -93,7 +94,7 @@ def test_phase2_without_wheels_names_tools_wheels_sh(tmp_path):
 
 def python_without_the_project(tmp_path):
     """This Python with its packages but not the project's editable install (`-S`: no .pth file runs; its site-packages
-    on PYTHONPATH after what the script puts first), as on the device, where the checkout is importable only because
+    on PYTHONPATH after what the script puts first), as on a GPU node, where the checkout is importable only because
     the script puts it on PYTHONPATH."""
     import site
     dirs = os.pathsep.join(d for d in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(d))
@@ -110,7 +111,7 @@ def python_without_the_project(tmp_path):
 
 def test_dry_run_passes_and_leaves_files_that_come_back(tmp_path):
     "The dry run (CPU, tiny sizes, cuda tests skipping) passes with a Python that has not the project installed (as on "
-    "the device: only the script's PYTHONPATH finds it); at most 8 files, all named as the device sends back."
+    "a GPU node: only the script's PYTHONPATH finds it); at most 8 files, all with plain names, to copy back."
     out_dir = tmp_path / 'dry'
     code, out, err, dt = gpu_check('--dry-run', out_dir, python=python_without_the_project(tmp_path), timeout=240)
     assert code == 0, out[-3000:] + err[-2000:]

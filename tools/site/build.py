@@ -6,7 +6,8 @@ with `npm pack` into `_site_build/cache/`.
 
 What it does, in a scratch folder (`_site_build/`, ignored by git):
 1. finds the chapters in `nbs/` and sorts them into the course's parts (`PARTS` below: the one place where the
-   parts are listed; the sidebar of this site and `nbs/sidebar.yml` for Quarto are both made from it);
+   parts are listed; the sidebar of this site and `nbs/sidebar.yml` for Quarto are both made from it), and the
+   guides in `nbs/guides/*.md` (Markdown pages, in the order `GUIDES` gives, in a part of their own);
 2. copies each notebook into `_site_build/src/`, turning nbdev's `#|` directives into what MyST-NB reads
    (`#| hide` cells left out, directive lines taken off the code shown), "chapter 07" in prose into a link to
    that chapter, putting the chapter number on the page title, a "download / open in Colab" line under the title
@@ -38,6 +39,9 @@ PARTS = [
     ('Appendices', '25 26 27'),
 ]
 NAMES_PAGE, NAMES_CAPTION = 'names', 'Reference'
+# The guides: Markdown pages in nbs/guides/, in this order (a guide not listed here comes after these, by name).
+GUIDES = ['chapters', 'training', 'using', 'experiments', 'benchmarks', 'gpu_check', 'contributing']
+GUIDES_CAPTION = 'Guides'
 
 _re_chapter_file = re.compile(r'^(\d\d)[a-z]?_\w+\.ipynb$')
 
@@ -259,16 +263,45 @@ def name_anchors(libnames):
     return res
 
 
+def guides():
+    "The guides' names (`nbs/guides/<name>.md`), in the order of `GUIDES`, then any other by name."
+    found = {p.stem for p in (NBS / 'guides').glob('*.md')}
+    return [g for g in GUIDES if g in found] + sorted(found - set(GUIDES))
+
+
+_re_mdlink = re.compile(r'(!?)\[([^\]]*)\]\(([^)\s]+)\)')
+
+
+def guide_page(text, targets, cfg, built_guides):
+    """A guide as this site shows it: "chapter 07" linked to its page, links into the repository outside nbs/
+    (`../../benchmarks/models.py`) to the repository on GitHub, links to chapters and guides not built left as text."""
+    git_url, branch = cfg['git_url'].rstrip('/'), cfg.get('branch', 'main')
+    text = link_chapters(text, {k: f'../{v}' for k, v in targets.items()}, None)
+    stems = set(targets.values())
+    def fix(m):
+        bang, label, url = m[1], m[2], m[3]
+        if bang or re.match(r'[a-z]+:|#', url): return m[0]
+        path, _, frag = url.partition('#')
+        if path.startswith('../../'): return f'[{label}]({git_url}/blob/{branch}/{path[6:]}{"#" + frag if frag else ""})'
+        nb = re.fullmatch(r'\.\./(\d\d[a-z]?_\w+)\.ipynb', path)
+        if nb and nb[1] not in stems: return label
+        if path.endswith('.md') and '/' not in path and path[:-3] not in built_guides: return label
+        return m[0]
+    return table_math(_re_mdlink.sub(fix, text))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Configuration and table of contents
 
 def yaml_str(s): return json.dumps(s, ensure_ascii=False)  # JSON strings are YAML strings
 
 
-def toc_yml(parts, with_names):
+def toc_yml(parts, with_names, guide_names=()):
     out = ['format: jb-book', f'root: {HOME}', 'parts:']
     for cap, stems in parts:
         out += [f'  - caption: {yaml_str(cap)}', '    chapters:'] + [f'      - file: {s}' for s in stems]
+    if guide_names:
+        out += [f'  - caption: {yaml_str(GUIDES_CAPTION)}', '    chapters:'] + [f'      - file: guides/{g}' for g in guide_names]
     if with_names: out += [f'  - caption: {NAMES_CAPTION}', '    chapters:', f'      - file: {NAMES_PAGE}']
     return '\n'.join(out) + '\n'
 
@@ -423,11 +456,17 @@ def main(argv=None):
         write_if_changed(src / f'{s}.ipynb', json.dumps(pnb, indent=1, ensure_ascii=False) + '\n')
         wanted.add(f'{s}.ipynb')
     write_if_changed(src / f'{NAMES_PAGE}.md', names_page(libnames, set(stems), titles))
-    write_if_changed(src / '_toc.yml', toc_yml(parts, True))
+    guide_names = [g for g in guides() if not only or 'guides' in only or f'guides/{g}' in only]
+    for g in guide_names:
+        write_if_changed(src / 'guides' / f'{g}.md',
+                         guide_page((NBS / 'guides' / f'{g}.md').read_text(encoding='utf-8'), targets, cfg, set(guide_names)))
+        wanted.add(f'guides/{g}.md')
+    write_if_changed(src / '_toc.yml', toc_yml(parts, True, guide_names))
     write_if_changed(src / '_config.yml', config_yml(cfg))
-    for p in src.iterdir():  # a chapter that was renamed or removed since the last build
-        if p.is_file() and p.name not in wanted: p.unlink()
-    print(f'site: {len(stems)} pages from nbs/ in {len(parts)} parts; building with {a.jobs} job(s)', flush=True)
+    for p in [*src.iterdir(), *(src / 'guides').glob('*.md')]:  # a chapter or guide renamed or removed since the last build
+        if p.is_file() and str(p.relative_to(src)) not in wanted: p.unlink()
+    print(f'site: {len(stems)} pages from nbs/ in {len(parts)} parts, {len(guide_names)} guides; building with {a.jobs} job(s)',
+          flush=True)
 
     from jupyter_book.sphinx import build_sphinx
     html_out = scratch / '_build' / 'html'
@@ -450,12 +489,14 @@ def main(argv=None):
     for folder, suffix in ((html_out, '.html'), (html_out / 'notebooks', '.ipynb'), (html_out / '_sources', '.ipynb')):
         for p in folder.glob(f'*{suffix}'):  # pages of chapters renamed or removed since an earlier build: Sphinx keeps them
             if _re_chapter_file.match(p.stem + '.ipynb') and p.stem not in stems: p.unlink()
+    for p in (html_out / 'guides').glob('*.html'):
+        if p.stem not in guide_names: p.unlink()
     tmp = out.with_name(out.name + '.tmp')
     if tmp.exists(): shutil.rmtree(tmp)
     shutil.copytree(html_out, tmp, ignore=shutil.ignore_patterns('.buildinfo', '.doctrees'))
     if out.exists(): shutil.rmtree(out)
     tmp.rename(out)
-    print(f'site: built {out} ({len(stems) + 1} pages) in {time.time() - t0:.0f} s; open {out}/index.html')
+    print(f'site: built {out} ({len(stems) + len(guide_names) + 1} pages) in {time.time() - t0:.0f} s; open {out}/index.html')
     return 0
 
 
