@@ -16,6 +16,7 @@ spec = importlib.util.spec_from_file_location('site_build', ROOT / 'tools' / 'si
 site = importlib.util.module_from_spec(spec); spec.loader.exec_module(site)
 
 CHAPTERS = ['00_overview', '05_performer']
+GUIDE = 'guides/training'  # a guide, built beside the two chapters: its links to chapters not built become text
 # Where a page may link outside the site: the repository, Colab's copy of a notebook, and cited sources.
 ALLOWED_HOSTS = {'github.com', 'colab.research.google.com', 'arxiv.org', 'pytorch.org', 'docs.pytorch.org',
                  'huggingface.co', 'www.image-net.org', 'image-net.org', 'numpy.org', 'docs.python.org'}
@@ -46,14 +47,14 @@ def parse(p):
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp('site') / '_site'
-    subprocess.run([sys.executable, str(ROOT / 'tools' / 'site' / 'build.py'), '--only', ','.join(CHAPTERS),
+    subprocess.run([sys.executable, str(ROOT / 'tools' / 'site' / 'build.py'), '--only', ','.join(CHAPTERS + [GUIDE]),
                     '--out', str(out)], check=True, cwd=ROOT)
     return out
 
 
 @needs_jb
 def test_pages_build(built):
-    for name in ['index.html', 'names.html'] + [f'{c}.html' for c in CHAPTERS]: assert (built / name).is_file(), name
+    for name in ['index.html', 'names.html', f'{GUIDE}.html'] + [f'{c}.html' for c in CHAPTERS]: assert (built / name).is_file(), name
     assert 'url=00_overview.html' in (built / 'index.html').read_text()  # the overview is the home page
     for c in CHAPTERS:  # the notebook as committed, to download
         assert (built / 'notebooks' / f'{c}.ipynb').read_bytes() == (ROOT / 'nbs' / f'{c}.ipynb').read_bytes()
@@ -79,7 +80,7 @@ def test_title_math_and_solutions(built):
 
 @needs_jb
 def test_links_stay_inside(built):
-    pages = sorted(built.glob('*.html'))
+    pages = sorted(p for p in built.rglob('*.html') if p.parent == built or p.parent.name == 'guides')
     ids = {p.name: parse(p).ids for p in pages}
     outside = set()
     for page in pages:
@@ -146,3 +147,19 @@ def test_a_chapter_of_sections_starts_at_its_first():
     assert t == {'00': '00_core', '07': '07_backbone', '11': '11a_images', '11a': '11a_images', '11b': '11b_loader'}
     assert site.link_chapters('chapters 11 and 11b', t, '05_performer') == \
         'chapters [11](11a_images.ipynb) and [11b](11b_loader.ipynb)'
+
+
+def test_every_guide_has_its_place():
+    "Every Markdown page in nbs/guides/ is listed in tools/site/build.py's GUIDES (its place in the sidebar), and each exists."
+    on_disk = {p.stem for p in (ROOT / 'nbs' / 'guides').glob('*.md')}
+    assert on_disk == set(site.GUIDES) and site.guides() == site.GUIDES
+
+
+def test_a_guide_links_chapters_and_the_repository():
+    "In a guide, 'chapter 05' links to its page, ../../x to the repository on GitHub, a chapter not built becomes text."
+    cfg = {'git_url': 'https://github.com/t2t-course/t2t-course', 'branch': 'main'}
+    t = {'05': '05_performer'}
+    page = site.guide_page('See chapter 05, [the script](../../benchmarks/models.py) and [07](../07_backbone.ipynb).',
+                           t, cfg, set())
+    assert page == ('See [chapter 05](../05_performer.ipynb), [the script](https://github.com/t2t-course/t2t-course/blob/main/'
+                    'benchmarks/models.py) and 07.')
