@@ -1,7 +1,8 @@
 """The shape of the library: one package per part of the course, each module generated from the one notebook whose
-`#| default_exp` it is, modules of one concept (at most 450 lines each), imports that point one way (the layer rule),
-package faces that gather their modules' names, and the training code asking the pipeline registry instead of naming
-pipelines. Static checks of the source and the notebooks, and a few imports."""
+`#| default_exp` it is, modules of one concept (at most 450 lines each) built from exported cells of at most 100 lines,
+imports that point one way (the layer rule), package faces that gather their modules' names, and the training code
+asking the pipeline registry instead of naming pipelines. Static checks of the source and the notebooks, and a few
+imports."""
 import ast, json, re, shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ LIB = REPO / 't2t_course'
 NBS = REPO / 'nbs'
 GLUE = ('__init__.py', '__main__.py')   # written by hand: imports only
 MAX_LINES = 450
+MAX_CELL_LINES = 100     # an exported cell's lines, its `#|` directives included
 PARTS = ('models', 'data', 'train', 'study', 'deploy')
 TOP = {'core', 'minimal', 'timm'}       # the only modules beside the parts' packages
 
@@ -114,6 +116,36 @@ def test_package_glue_holds_only_imports():
 def test_modules_are_small():
     long = {name: n for name, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def long_export_cells(nbs: Path = NBS, limit: int = MAX_CELL_LINES) -> list:
+    """Every `#| export` cell (also `exports`, `exporti`) of the notebooks under `nbs` longer than `limit` lines, as
+    'notebook, cell id, first line, line count': a cell of one idea reads on a screen, with prose between the ideas."""
+    long = []
+    for nb in sorted(nbs.rglob('*.ipynb')):
+        if '.ipynb_checkpoints' in nb.parts: continue
+        for c in json.loads(nb.read_text())['cells']:
+            lines = ''.join(c['source']).splitlines()
+            if c['cell_type'] != 'code' or not any(re.match(r'#\|\s*export[si]?\s*$', l) for l in lines): continue
+            if len(lines) > limit:
+                first = next((l for l in lines if l.strip() and not l.startswith('#|')), '')
+                long.append(f"{nb.relative_to(nbs)}, cell {c.get('id')}, {first.strip()!r}: {len(lines)} lines")
+    return long
+
+
+def test_exported_cells_are_short():
+    assert not long_export_cells(), f"exported cells over {MAX_CELL_LINES} lines (split them): {long_export_cells()}"
+
+
+def test_cell_length_check_can_fail(tmp_path):
+    "The check on a notebook with an exported cell one line too long, one at the limit and a long cell not exported."
+    body = lambda n: ['#| export\n', 'def f():\n'] + ['    x = 1\n'] * (n - 2)
+    cells = [{'cell_type': 'code', 'id': 'a1b2c3d4', 'source': body(MAX_CELL_LINES + 1)},
+             {'cell_type': 'code', 'id': 'e5f60718', 'source': body(MAX_CELL_LINES)},
+             {'cell_type': 'code', 'id': '293a4b5c', 'source': body(MAX_CELL_LINES + 50)[1:]},
+             {'cell_type': 'markdown', 'id': '6d7e8f90', 'source': ['#| export\n'] * (MAX_CELL_LINES + 1)}]
+    (tmp_path / '99_long.ipynb').write_text(json.dumps({'cells': cells}))
+    assert long_export_cells(tmp_path) == [f"99_long.ipynb, cell a1b2c3d4, 'def f():': {MAX_CELL_LINES + 1} lines"]
 
 
 # ---------------------------------------------------------------------------------------------- the layer rule

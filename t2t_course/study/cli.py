@@ -33,6 +33,7 @@ def grid_cost(grid:str, images:int=None, epochs:int=None, seeds=None, peak_tflop
         out.append(row | dict(runs=len(seeds), epochs=ep, gpu_hours=flops / (peak_tflops * 1e12 * mfu) / 3600))
     return out
 
+# %% ../../nbs/20d_cli.ipynb #33d22c52
 def build_study_parser() -> argparse.ArgumentParser:
     "The `t2t_study` argument parser."
     p = argparse.ArgumentParser(prog='t2t_study', description="Train a grid of models over seeds with t2t_train and judge "
@@ -64,6 +65,7 @@ def build_study_parser() -> argparse.ArgumentParser:
                    f"({', '.join(CONTROLLED_FLAGS)}) (default: none)")
     return p
 
+# %% ../../nbs/20d_cli.ipynb #3b03c386
 def print_plan(grid:str, seeds=None, epochs=None, peak_tflops:float=989., mfu:float=0.2):
     "What a grid would train and, for ImageNet, roughly what it costs."
     rows = grid_cost(grid, epochs=epochs, seeds=seeds, peak_tflops=peak_tflops, mfu=mfu)
@@ -78,6 +80,7 @@ def print_plan(grid:str, seeds=None, epochs=None, peak_tflops:float=989., mfu:fl
               f"epoch), estimated at {mfu:.0%} of a {peak_tflops:g}-TFLOPS GPU's bf16 peak (6 FLOPs per MAC and image: forward "
               "and backward); not measured: time a few hundred steps with benchmarks/gpu_train.py and set --mfu")
 
+# %% ../../nbs/20d_cli.ipynb #efde4d6f
 def study_main(argv=None,              # the command line's arguments (None: sys.argv[1:])
                popen=subprocess.Popen  # starts each run's process (see `run_study`)
               ) -> int:

@@ -103,6 +103,7 @@ class StudyStopped(RuntimeError):
     "A signal stopped the study: the running runs saved and stopped, the queued ones never started."
     def __init__(self, signum:int, results): self.signum, self.results = signum, results; super().__init__(signal.Signals(signum).name)
 
+# %% ../../nbs/20b_runner.ipynb #46e00c1e
 # Run in each child before t2t_train: on Linux the child gets SIGTERM when the study dies, even by SIGKILL (it then saves
 # a checkpoint and stops, as on any SIGTERM), and one whose study is already gone stops at once.
 _CHILD = ("import ctypes, os, runpy, signal, sys\n"
@@ -119,6 +120,7 @@ def _start(args:list, run:Path, resume:bool, popen=subprocess.Popen) -> subproce
         return popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
 
+# %% ../../nbs/20b_runner.ipynb #f79495df
 def _differs(kept:str, asked:list) -> str:
     "How a kept run's recorded `t2t_train` arguments differ from the ones this study would give it ('' if they do not)."
     a = shlex.split(kept)
@@ -129,6 +131,7 @@ def _differs(kept:str, asked:list) -> str:
     ops = difflib.SequenceMatcher(a=a, b=asked, autojunk=False).get_opcodes()
     return '; '.join(f"{span(a, i1, i2)} there, {span(asked, j1, j2)} here" for op, i1, i2, j1, j2 in ops if op != 'equal')
 
+# %% ../../nbs/20b_runner.ipynb #ce0d6a3e
 def run_study(grid:str='claims',   # a key of GRIDS
               data=None,           # a built-in dataset or an ImageNet-layout folder (None: the grid's)
               seeds=None,          # the seeds of every model (None: the grid's)

@@ -295,6 +295,7 @@ class DeviceLoader:
         y = (host.pin_memory() if self.device.type == 'cuda' else host).to(self.device, non_blocking=True)
         return Batch(self.transform(images, draws), y, skipped + bad)
 
+# %% ../../../nbs/12c_gpu.ipynb #471ddd28
 class LoaderIter:
     "Batches made when the loop asks for them."
     def __init__(self, owner:DeviceLoader, it): self.owner, self.it = owner, it
@@ -304,6 +305,7 @@ class LoaderIter:
         shutdown = getattr(self.it, '_shutdown_workers', None)
         if shutdown is not None: shutdown()
 
+# %% ../../../nbs/12c_gpu.ipynb #8c5b6b40
 _END = object()  # the producer's last item: the loader is exhausted
 
 class _ThreadedDeviceIter(LoaderIter):
@@ -351,6 +353,7 @@ class _ThreadedDeviceIter(LoaderIter):
 
     def __del__(self): self.stop.set()
 
+# %% ../../../nbs/12c_gpu.ipynb #65a2a613
 def _produce(owner:DeviceLoader, it, stream, q:queue.Queue, stop:threading.Event):
     "The thread of `_ThreadedDeviceIter`: make batches in order and queue them, until the loader ends, an error, or `stop`."
     while not stop.is_set():
