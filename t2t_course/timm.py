@@ -14,6 +14,7 @@ import timm
 from timm.models import PretrainedCfg, generate_default_cfgs, is_model, model_entrypoint, register_model
 
 from .models.t2t_vit import variant_cfg, create_model, get_variant, list_models, load_checkpoint, weights_dir
+from .models.weights import is_model_folder
 from .models.performer import TokenPerformer
 
 def _from_timm(name:str, *modules:str):
@@ -36,13 +37,13 @@ default_cfgs = {}  # timm's register_model reads this module's default_cfgs: nam
 
 # %% ../nbs/22_timm.ipynb #6c84cef2
 def _weights_file(name:str, cfg:dict, pretrained, cache_dir) -> Path:
-    "The checkpoint to load: `pretrained` itself if a path, else the cfg's `file` as a path, or in `cache_dir` or `weights_dir()`."
+    "The weights to load: `pretrained` itself if a path, else the cfg's `file` (a checkpoint, or the model folder of `local-dir:`), or the release in `cache_dir` or `weights_dir()`."
     if not isinstance(pretrained, bool): return Path(pretrained)
     if not cfg.get('file'):
         raise ValueError(f"{name} has no released weights: pass pretrained_cfg_overlay=dict(file=<a checkpoint of it>)")
     file = Path(cfg['file'])
     places = [file] + [Path(d) / file.name for d in (cache_dir, weights_dir()) if d]
-    found = next((p for p in places if p.is_file()), None)
+    found = next((p for p in places if p.is_file() or is_model_folder(p)), None)
     if found is None:
         raise FileNotFoundError(f"no checkpoint for {name}: looked for {', '.join(map(str, places))}. Download "
                                 f"{cfg.get('url')} into {weights_dir()} (or cache_dir), or pass pretrained_cfg_overlay=dict(file=<path>)")
@@ -58,6 +59,7 @@ def build_timm_model(name:str,                     # a registered model
                      feature_cls:str='getter',     # with features_only: timm's 'getter' (the one that uses forward_intermediates)
                      feature_cfg:dict=None,        # with features_only: more arguments of the getter (norm, output_fmt)
                      global_pool=None,             # None or 'token': the cls token is the only pooling
+                     pretrained_model_args=None,   # timm's (1.0.2x), with `local-dir:`: the folder's model_args, already among kwargs
                      **kwargs                      # architecture overrides, as for `create_model`
                     ) -> nn.Module:
     "Build `name` as `timm.create_model` expects: timm's arguments and pretrained cfg, our checkpoints, timm's feature wrapper."
@@ -66,7 +68,8 @@ def build_timm_model(name:str,                     # a registered model
     if global_pool not in (None, 'token'): raise ValueError(f"{name} pools with its cls token only, got global_pool={global_pool!r}")
     model = create_model(name, **kwargs)
     if isinstance(pretrained_cfg, PretrainedCfg): pretrained_cfg = pretrained_cfg.to_dict()
-    model.pretrained_cfg = dict(model.default_cfg) | dict(pretrained_cfg or {}) | dict(pretrained_cfg_overlay or {})
+    cfg = {k: tuple(v) if isinstance(v, list) and k != 'label_names' else v for k, v in dict(pretrained_cfg or {}).items()}  # JSON's lists
+    model.pretrained_cfg = dict(model.default_cfg) | cfg | dict(pretrained_cfg_overlay or {})
     if pretrained: load_checkpoint(model, _weights_file(name, model.pretrained_cfg, pretrained, cache_dir))
     if not features_only: return model
     if feature_cls != 'getter': raise ValueError(f"{name} supports features_only with feature_cls='getter' only, got {feature_cls!r}")

@@ -1,4 +1,4 @@
-"""The commands alike (t2t_train, t2t_eval, t2t_predict and t2t_study, their path arguments) on paths the OS refuses: a
+"""The commands alike (t2t_train, t2t_eval, t2t_predict, t2t_convert and t2t_study, their path arguments) on paths the OS refuses: a
 name too long, or a folder under a regular file, is one line naming the path and the reason, exit 2, no traceback."""
 import pytest
 
@@ -9,12 +9,14 @@ LONG = 'x' * 300  # one path component over the 255 bytes file systems allow
 
 
 @pytest.mark.parametrize('command', ['t2t_train --output', 't2t_train --data', 't2t_train --resume', 't2t_eval',
-                                     't2t_eval --data', 't2t_predict image', 't2t_study --output', 't2t_study --data',
-                                     't2t_train --output under a file'])
+                                     't2t_eval --data', 't2t_predict image', 't2t_predict --onnx', 't2t_convert SRC',
+                                     't2t_convert DST', 't2t_convert DST under a file', 't2t_study --output',
+                                     't2t_study --data', 't2t_train --output under a file'])
 def test_paths_the_os_refuses(command, tmp_path, trained):
     "A name too long, or a folder under a regular file: one line naming the path and the reason, exit 2, no traceback."
     from t2t_course.train.cli import eval_main, main
     from t2t_course.study import study_main
+    from t2t_course.deploy.convert import convert_main
     long = str(tmp_path / LONG)
     (tmp_path / 'afile').write_text('')
     fn, argv = {
@@ -24,6 +26,10 @@ def test_paths_the_os_refuses(command, tmp_path, trained):
         't2t_eval': (eval_main, [long + '.pth']),
         't2t_eval --data': (eval_main, [str(trained), '--data', long]),
         't2t_predict image': (predict_main, [long + '.png', '--checkpoint', str(trained), '--device', 'cpu']),
+        't2t_predict --onnx': (predict_main, [str(tmp_path / 'afile'), '--onnx', long + '.onnx']),
+        't2t_convert SRC': (convert_main, [long + '.pth', str(tmp_path / 'out')]),
+        't2t_convert DST': (convert_main, [str(trained), long]),
+        't2t_convert DST under a file': (convert_main, [str(trained), str(tmp_path / 'afile' / 'out')]),
         't2t_study --output': (study_main, ['--quick', '--output', long]),
         't2t_study --data': (study_main, ['--quick', '--data', long, '--output', str(tmp_path / 'study')]),
         't2t_train --output under a file': (main, ['--epochs', '1', '--output', str(tmp_path / 'afile' / 'run')]),

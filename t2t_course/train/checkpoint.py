@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..core import CheckpointError, SetupError
-from ..models.weights import read_checkpoint   # chapter 08's reader: a module of its own, below models
+from ..models.weights import is_model_folder, read_weights   # chapter 08's readers: a module of its own, below models
 
 # %% ../../nbs/15_checkpoint.ipynb #4ddcfd79
 class CheckpointWriteError(OSError):
@@ -66,16 +66,16 @@ def atomic_write_text(path, text:str) -> Path:
     return path
 
 # %% ../../nbs/15_checkpoint.ipynb #bd9bd8f8
-def read_checkpoint_dict(path,                 # a checkpoint file: ours (last.pth, best.pth) or an official .pth.tar
+def read_checkpoint_dict(path,                 # a checkpoint file (ours: last.pth, best.pth; an official .pth.tar), a .safetensors file or a model folder
                          what:str='checkpoint' # what the file is for, in the message ('checkpoint', 'pretrained weights')
                         ) -> dict:
-    "Load a checkpoint on the CPU with `read_checkpoint` (`weights_only`); anything unreadable is a one-line `SetupError`."
+    "Load a checkpoint on the CPU with `read_weights` (`weights_only`, or safetensors); anything unreadable is a one-line `SetupError`."
     path = Path(path)
     try: path.exists()
     except OSError as e: raise SetupError(f"cannot read {what} {path}: {os.strerror(e.errno).lower()}") from None
     if not path.exists(): raise SetupError(f"no {what} file at {path}")
-    if not path.is_file(): raise SetupError(f"{what} {path} is not a file")
-    try: ck = read_checkpoint(path, what=what)  # one-sentence CheckpointErrors: empty, garbage, truncated, foreign objects
+    if not path.is_file() and not is_model_folder(path): raise SetupError(f"{what} {path} is not a file (nor a model folder)")
+    try: ck = read_weights(path, what=what)  # one-sentence CheckpointErrors: empty, garbage, truncated, foreign objects
     except CheckpointError as e: raise SetupError(str(e)) from None
     if not isinstance(ck, dict): raise SetupError(f"{what} {path} holds a {type(ck).__name__}, not a dict of weights")
     return ck

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['RUN_CONTROLS', 'parse_kv', 'recipe_keys', 'recipe_default_text', 'build_parser', 'config_from_args', 'given_flags',
-           'resume_config', 'main', 'build_eval_parser', 'eval_main']
+           'resume_config', 'fill_from_pretrained', 'main', 'build_eval_parser', 'eval_main']
 
 # %% ../../nbs/19_cli.ipynb #340189cc
 import argparse, ast, copy, os, sys
@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..core import in_ipython, stdout_to_devnull
 from ..models.t2t_vit import get_variant, list_models
+from ..models.weights import is_model_folder, read_model_config
 from ..data.datasets import BUILTIN_DATASETS
 from ..data.images import BadImageError
 from ..core import SetupError
@@ -151,13 +152,23 @@ def resume_config(cfg:TrainConfig,   # the resolved config of the command line
         log(f"note: resuming {path} with {', '.join(changed)} (given on the command line; every other setting is the checkpoint's)")
     return TrainConfig(**vals).resolve()
 
+def fill_from_pretrained(args:argparse.Namespace) -> argparse.Namespace:
+    "Where `--pretrained` is a model folder: its architecture for `--model` and its arguments for `--model-kwargs`, unless given."
+    try: saved = read_model_config(args.pretrained) if is_model_folder(args.pretrained) else None
+    except ValueError: saved = None  # an unreadable config.json: building the model says what is wrong with it
+    if saved is None or args.model not in (None, saved['architecture']): return args
+    kw = {k: v for k, v in (saved.get('model_args') or {}).items() if k not in ('num_classes', 'img_size')}  # the run's own
+    args.model = saved['architecture']
+    if args.model_kwargs is None and kw: args.model_kwargs = [f'{k}={v!r}' for k, v in kw.items()]  # the config records them
+    return args
+
 def main(argv=None,        # the arguments (None: sys.argv[1:])
          callbacks=()      # more callbacks for the run (tests inject faults this way)
         ) -> int:          # the exit status
     "The `t2t_train` command: parse, resolve the recipe, train; the exit status (128 + N when stopped by signal N)."
     parser = build_parser()
     args = parser.parse_args(argv)
-    try: cfg = config_from_args(args).resolve()
+    try: cfg = config_from_args(fill_from_pretrained(args)).resolve()  # a model folder names its model
     except SetupError as e: parser.error(str(e))
     def fail(msg, code):
         print(f"t2t_train: error: {msg}", file=sys.stderr); return code
@@ -179,10 +190,12 @@ def main(argv=None,        # the arguments (None: sys.argv[1:])
 def build_eval_parser() -> argparse.ArgumentParser:
     "The `t2t_eval` argument parser."
     p = argparse.ArgumentParser(prog='t2t_eval', description="Top-1 / top-5 accuracy of a checkpoint on a validation "
-        "folder, with the model's preprocessing. A t2t_train checkpoint knows its model, classes and preprocessing; for an "
-        "official release (e.g. 81.5_T2T_ViT_14.pth.tar) name the model with --model and the ImageNet folder with --data.",
+        "folder, with the model's preprocessing. A t2t_train checkpoint knows its model, classes and preprocessing; a model "
+        "folder (a run's best_model/, t2t_convert's) its model, classes and preprocessing, not its data (pass --data); for an "
+        "official release (e.g. 81.5_T2T_ViT_14.pth.tar) or a .safetensors file name the model with --model and the "
+        "ImageNet folder with --data.",
         epilog="exit status: 0 done; 1 a bad image; 2 bad arguments or a checkpoint or folder that does not fit")
-    p.add_argument('checkpoint', help="checkpoint file: t2t_train's last.pth or best.pth, or an official .pth.tar (required)")
+    p.add_argument('checkpoint', help="t2t_train's last.pth or best.pth, a model folder, an official .pth.tar or a .safetensors file (required)")
     p.add_argument('--data', default=None, help="a built-in dataset, an ImageNet-layout folder (its val/ is used) or a "
                    "folder of class folders (default: the data the run trained on; required for official checkpoints)")
     p.add_argument('--model', default=None, help=f"architecture of an official checkpoint: {', '.join(list_models())} "

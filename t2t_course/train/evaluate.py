@@ -16,10 +16,11 @@ import torch.nn as nn
 import torch.distributed as dist
 
 from ..models.t2t_vit import checkpoint_filter_fn, checkpoint_state_dicts, create_model
+from ..models.weights import folder_cfg, is_model_folder, read_model_config
 from ..data.transforms import DATA_PRESETS, create_eval_transform
 from ..data.loader import BadImageLog, ImageFolderDataset, create_loader
 from ..data.datasets import data_root
-from ..core import SetupError
+from ..core import CheckpointError, SetupError
 from .optim import amp_dtype
 from .distributed import ShardSampler, all_reduce_sum, cleanup_distributed, setup_distributed
 from .checkpoint import atomic_write_text, is_run_checkpoint, read_checkpoint_dict, name_architecture_error
@@ -124,18 +125,28 @@ def _eval_folder(data) -> Path:
     return root
 
 def _checkpoint_model(ck:dict, path, model, model_kwargs) -> tuple:
-    "(model, model_kwargs, config) for a checkpoint: ours knows its architecture; an official one needs --model."
+    "(model, model_kwargs, config) for a checkpoint: ours and a model folder know their architecture; an official one needs --model."
     if is_run_checkpoint(ck):  # ours (chapter 15's rule)
         cfg = ck['config']
         if model is not None and model != cfg['model']:
             raise SetupError(f"{path} was trained as {cfg['model']}{' with ' + str(cfg['model_kwargs']) if cfg['model_kwargs'] else ''}: "
                              f"t2t_eval uses a checkpoint's own architecture; drop --model")
         return cfg['model'], cfg['model_kwargs'] if model_kwargs is None else model_kwargs, cfg
+    if is_model_folder(path):  # a model folder (save_pretrained, t2t_convert, a run's best_model/): its config.json says
+        saved = _folder_config(path)
+        arch, args = saved['architecture'], saved.get('model_args') or {}
+        if model is not None and model != arch: raise SetupError(f"{path} holds a {arch}: t2t_eval uses a model folder's own architecture; drop --model")
+        return arch, {k: v for k, v in args.items() if k not in ('num_classes', 'img_size')} if model_kwargs is None else model_kwargs, None
     if model is None: raise name_architecture_error(path)
     return model, model_kwargs or {}, None
 
+def _folder_config(path) -> dict:
+    "A model folder's config.json, or {} for any other checkpoint; an unreadable one is a `SetupError`."
+    try: return read_model_config(path) if is_model_folder(path) else {}
+    except CheckpointError as e: raise SetupError(str(e)) from None
+
 # %% ../../nbs/16_evaluate.ipynb #6ce3a3b2
-def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, or an official / foreign one
+def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, a model folder, or an official / foreign one (or .safetensors)
                         data=None,                # a built-in dataset, an ImageNet-layout folder (its val/) or a split folder; None: the run's
                         model:str=None,           # architecture (needed for foreign checkpoints)
                         model_kwargs:dict=None,   # architecture overrides (None: the run's)
@@ -150,6 +161,7 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, or a
     if img_size is not None and img_size < 16: raise SetupError(f"img_size must be an int >= 16, got {img_size}")
     ck = read_checkpoint_dict(checkpoint)
     model, model_kwargs, cfg = _checkpoint_model(ck, checkpoint, model, model_kwargs)
+    saved = _folder_config(checkpoint)  # a model folder's config: its size, preprocessing and class names
     if cfg is not None:  # ours: it knows its classes and preprocessing
         img_size, classes = img_size or cfg['img_size'], list(ck['classes'])
         crop_pct = crop_pct or DATA_PRESETS[cfg['data_preset']]['eval'].get('crop_pct')
@@ -159,6 +171,8 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, or a
     else:
         if data is None: raise SetupError(f"{checkpoint} is not a t2t_train checkpoint: pass the validation folder with --data")
         sds, classes = checkpoint_state_dicts(ck), None  # {'weights': ..., 'EMA': ...}, prefixes stripped
+        size = (saved.get('model_args') or {}).get('img_size')  # a model folder's size, if square
+        img_size = img_size or (size[0] if isinstance(size, list) and size[0] == size[-1] else None)
         head = next(iter(sds.values())).get('head.weight')
         if head is None: raise SetupError(f"{checkpoint} has no classifier head (head.weight): nothing to evaluate")
         num_classes = head.shape[0]
@@ -169,10 +183,12 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, or a
     folder = _eval_folder(data)
     try: net = create_model(model, num_classes=num_classes, **({'img_size': img_size} if img_size else {}), **model_kwargs)
     except (ValueError, TypeError, RuntimeError) as e: raise SetupError(f"cannot build {model}: {str(e).splitlines()[0]}") from None
-    dc = net.default_cfg
+    dc = net.default_cfg | folder_cfg(saved, num_classes)
     size = img_size or dc['input_size'][-1]
     tf = create_eval_transform(size, crop_pct=crop_pct or dc.get('crop_pct', 0.9), interpolation=interpolation or dc.get('interpolation', 'bicubic'),
                                mean=dc.get('mean'), std=dc.get('std'))
+    labels = saved.get('label_names')
+    if classes is None and labels and all((folder / c).is_dir() for c in labels): classes = list(labels)  # the folder's own order
     try: ds = ImageFolderDataset(folder, tf, skip_bad_images=skip_bad_images, classes=classes)
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e
     if classes is None and len(ds.classes) != num_classes:

@@ -1,5 +1,9 @@
 """Export (chapter 24a, `t2t_course.deploy.export`): `torch.export` and ONNX with a dynamic batch, height and width,
-checked against onnxruntime at three sizes (a non-square one among them) on small models of each kind of tokenizer."""
+checked against onnxruntime at three sizes (a non-square one among them) on small models of each kind of tokenizer;
+a Performer whose normaliser underflows (its eps must survive the export); the preprocessing and class names in the
+file's metadata."""
+import json
+
 import pytest
 import torch
 
@@ -58,3 +62,36 @@ def test_check_onnx_reports_a_mismatch(onnx_export):
             check_onnx(path, model, sizes=[(64, 64)])
     finally:
         with torch.no_grad(): model.head.bias -= 1e-2
+
+
+def test_the_performers_epsilon_survives_the_export(tmp_path):
+    """A Performer whose features underflow (its k and q scaled up: D, the normaliser, far below its eps of 1e-8) exports
+    right: the exporter's default optimizer would drop `D + 1e-8` (onnxscript's `x + 0` rule matches within 1e-8) and
+    the file would divide 0 by 0."""
+    pytest.importorskip('onnx'); pytest.importorskip('onnxruntime')
+    model = _tiny('t2t_vit_7')
+    layer = model.tokens_to_token.attention2
+    with torch.no_grad(): layer.kqv.weight[:2 * layer.emb] *= 6; layer.kqv.bias[:2 * layer.emb] *= 6
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad(): assert torch.isfinite(model(x)).all()
+    diffs = check_onnx(export_onnx(model, tmp_path / 'underflow.onnx'), model, sizes=[(64, 64)])
+    assert diffs[(64, 64)] < 1e-4, diffs
+
+
+def test_the_onnx_file_carries_its_preprocessing_and_class_names(tmp_path):
+    "`metadata_props`: the preprocessing of the model's default_cfg and the names, as JSON strings; entries already there kept."
+    pytest.importorskip('onnx'); pytest.importorskip('onnxruntime')
+    import onnx, onnxruntime as ort
+    from t2t_course.deploy.export import read_onnx_metadata, write_onnx_metadata
+    model = _tiny('t2t_vit_7')
+    model.default_cfg.update(crop_pct=1.0, interpolation='bilinear')
+    path = export_onnx(model, tmp_path / 'm.onnx', label_names=[f'c{i}' for i in range(10)])
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert json.loads(props['label_names']) == [f'c{i}' for i in range(10)] and json.loads(props['architecture']) == 't2t_vit_7'
+    assert json.loads(props['preprocessing']) == dict(input_size=[3, 64, 64], resize=64, resize_mode='shorter side', crop=[64, 64],
+                                                      crop_pct=1.0, crop_mode='center', interpolation='bilinear',
+                                                      mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], color='RGB', scale='0-1')
+    write_onnx_metadata(path, dict(owner='me'))
+    session = ort.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    meta = read_onnx_metadata(session)
+    assert meta == read_onnx_metadata(path) and meta['owner'] == 'me' and meta['num_classes'] == 10 and len(meta) == 5

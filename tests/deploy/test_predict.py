@@ -1,8 +1,12 @@
 """Classifying photos (chapter 24b, `t2t_course.deploy.predict`): `t2t_predict` on the sample photo with an
 official-format checkpoint and with one of ours, on every kind of bad input (one line, exit status 2, never a
 traceback), on bad images among good ones (each reported, the good ones' results printed) and on a special file (never
-opened); its image reader gives the pixels the training loader gives."""
-import json, os, subprocess, sys
+opened); its image reader gives the pixels the training loader gives. At scale, on a small model trained on the digits:
+a folder of 50 validation digits through the run's model folder, its best.pth and its ONNX export gives the same top-1
+and top-5 (the ONNX file alone: its preprocessing and class names are inside it); folders, globs and bad files as CSV
+and JSON rows; batches and loader workers change nothing; outputs named for their format."""
+import csv, io, json, os, shutil, subprocess, sys
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +71,7 @@ def test_predict_json_and_our_checkpoint(checkpoints, capsys):
 
 BAD = {  # what: (arguments after the image, what the one line must say)
     'missing image': (None, 'no image file at'),
-    'folder as image': ('folder', 'is a folder, not an image file'),
+    'a folder without images': ('folder', 'no image files (.jpg .jpeg'),
     'text as image': ('notes.txt', 'not an image file PIL can read'),
     'truncated image': ('cut.jpg', 'truncated or damaged'),
     'empty checkpoint': ('empty.pth', 'is empty (0 bytes)'),
@@ -207,3 +211,138 @@ def test_predict_reads_images_as_training_does(kind, suffix, tmp_path):
     assert ours.dtype == np.uint8 and np.array_equal(ours, loader)
     if kind == '16-bit PNG': assert abs(ours.mean() - 127.5) < 2, ours.mean()      # convert('RGB') gave 254.5
     if kind == 'RGBA PNG': assert (ours[:, :16] == 255).all()                      # the transparent half is white
+
+
+# ------------------------------------------------------------------ at scale, on a trained model: folders, CSV, JSON, ONNX
+@pytest.fixture(scope='module')
+def digits(tmp_path_factory):
+    "A T2T-ViT-7 (D 64, 2 blocks, 32 px) trained 3 epochs on the embedded digits, and 50 validation digits in class folders."
+    from t2t_course.data import digits_folder
+    from t2t_course.train import TrainConfig, train
+    d = tmp_path_factory.mktemp('digits')
+    with redirect_stdout(io.StringIO()):
+        run = train(TrainConfig(data='digits', img_size=32, epochs=3, lr=0.02, smoothing=0., device='cpu', output=str(d / 'run'),
+                                model_kwargs=dict(embed_dim=64, depth=2, num_heads=2, mlp_ratio=2., token_dim=32), progress=False))
+    assert run.metrics['ema_val_acc1'] > 70, run.metrics
+    for c in range(10):
+        (d / 'digits50' / str(c)).mkdir(parents=True)
+        for f in sorted((digits_folder() / 'val' / str(c)).glob('*.png'))[:5]: shutil.copy(f, d / 'digits50' / str(c) / f.name)
+    return run.output, d / 'digits50'
+
+
+@pytest.fixture(scope='module')
+def digits_onnx(digits, tmp_path_factory):
+    pytest.importorskip('onnx'); pytest.importorskip('onnxruntime')
+    from t2t_course.deploy import export_onnx
+    return export_onnx(create_model(digits[0] / 'best_model'), tmp_path_factory.mktemp('onnx') / 'digits.onnx')
+
+
+def _rows(path): return list(csv.DictReader(open(path, newline='')))
+def _top(rows, k): return [[r[f'class_{i}'] for i in range(1, k + 1)] for r in rows]
+
+
+def test_a_model_folder_its_checkpoint_and_its_onnx_file_agree_on_50_digits(digits, digits_onnx, tmp_path, capsys):
+    "The same top-1 and top-5 (in order) for every image, and percentages within 0.05, from best_model/, best.pth and ONNX."
+    run, images = digits
+    outs = {}
+    for name, source in (('folder', ['--checkpoint', run / 'best_model']), ('best', ['--checkpoint', run / 'best.pth']),
+                         ('onnx', ['--onnx', digits_onnx])):
+        status, out, err = _run([images, *source, '--csv', tmp_path / f'{name}.csv'], capsys)
+        assert status == 0 and err == '', err
+        assert out.strip().endswith(f"50 of 50 images classified; wrote {tmp_path / f'{name}.csv'}"), out
+        outs[name] = _rows(tmp_path / f'{name}.csv')
+    assert len(outs['folder']) == 50 and [r['image'] for r in outs['folder']] == sorted(str(p) for p in images.rglob('*.png'))
+    for name in ('best', 'onnx'):
+        assert [r['image'] for r in outs[name]] == [r['image'] for r in outs['folder']]
+        assert _top(outs[name], 1) == _top(outs['folder'], 1) and _top(outs[name], 5) == _top(outs['folder'], 5), name
+        gap = max(abs(float(a[f'percent_{k}']) - float(b[f'percent_{k}'])) for a, b in zip(outs[name], outs['folder']) for k in range(1, 6))
+        assert gap <= 0.05, (name, gap)
+    truth = [Path(r['image']).parent.name for r in outs['folder']]
+    assert sum(r['class_1'] == t for r, t in zip(outs['folder'], truth)) >= 35         # a trained model: most are right
+
+
+def test_the_onnx_file_alone_holds_the_preprocessing_and_class_names(digits_onnx):
+    from t2t_course.deploy.export import read_onnx_metadata
+    from t2t_course.deploy.predict import load_onnx_predictor
+    meta = read_onnx_metadata(digits_onnx)
+    assert meta['label_names'] == [str(i) for i in range(10)] and meta['architecture'] == 't2t_vit_7' and meta['num_classes'] == 10
+    assert {k: meta['preprocessing'][k] for k in ('input_size', 'resize', 'crop', 'crop_pct', 'interpolation')} == \
+        dict(input_size=[3, 32, 32], resize=32, crop=[32, 32], crop_pct=1.0, interpolation='bicubic')
+    pred = load_onnx_predictor(digits_onnx)
+    assert pred.description == 't2t_vit_7 (ONNX file digits.onnx, onnxruntime), 32 x 32, crop 1.0, bicubic' and pred.classes[3] == '3'
+
+
+def test_folders_globs_and_bad_files_as_csv_and_json(digits, tmp_path, capsys):
+    "Sources in order (a folder searched recursively, a glob, a missing file, a text file): a CSV row and a JSON entry each."
+    run, images = digits
+    (tmp_path / 'deep' / 'er').mkdir(parents=True)
+    for i, f in enumerate(sorted((images / '3').glob('*.png'))[:2]): shutil.copy(f, tmp_path / 'deep' / ('er' if i else '') / f.name)
+    (tmp_path / 'notes.png').write_text('not an image')
+    argv = [tmp_path / 'deep', str(images / '7' / '*.png'), tmp_path / 'missing.png', tmp_path / 'notes.png', str(tmp_path / 'no*.jpg'),
+            '--checkpoint', run / 'best_model', '--topk', '2']
+    status, out, err = _run([*argv, '--csv', tmp_path / 'out.csv', '--json', tmp_path / 'out.json'], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 3 and 'Traceback' not in err, err
+    rows = _rows(tmp_path / 'out.csv')
+    assert list(rows[0]) == ['image', 'class_1', 'percent_1', 'index_1', 'class_2', 'percent_2', 'index_2', 'error']
+    assert [Path(r['image']).name for r in rows][1:3] == sorted(f.name for f in (images / '3').glob('*.png'))[:2]
+    assert len(rows) == 2 + 5 + 3 and [bool(r['error']) for r in rows] == [True] + [False] * 7 + [True, True]  # the pattern first
+    assert rows[0]['error'] == f"no file matches {tmp_path / 'no*.jpg'}" and 'no image file at' in rows[-2]['error']
+    assert 'not an image file PIL can read' in rows[-1]['error'] and rows[-1]['class_1'] == ''
+    doc = json.loads((tmp_path / 'out.json').read_text())
+    assert len(doc['predictions']) == 7 and len(doc['errors']) == 3 and doc['model'].startswith('t2t_vit_7 (model folder best_model)')
+    assert [t['rank'] for t in doc['predictions'][0]['top']] == [1, 2]
+    status, out, _ = _run([images / '0', '--checkpoint', run / 'best_model', '--csv'], capsys)    # to stdout
+    assert status == 0 and len(list(csv.DictReader(io.StringIO(out)))) == 5
+
+
+def test_batches_and_loader_workers_change_nothing(digits, tmp_path, capsys):
+    run, images = digits
+    for name, more in (('one', ['--batch-size', '1', '--workers', '0']), ('many', ['--batch-size', '7', '--workers', '2'])):
+        status, _, err = _run([images, '--checkpoint', run / 'best_model', '--csv', tmp_path / f'{name}.csv', *more], capsys)
+        assert status == 0, err
+    one, many = _rows(tmp_path / 'one.csv'), _rows(tmp_path / 'many.csv')
+    assert [r['image'] for r in one] == [r['image'] for r in many] and _top(one, 5) == _top(many, 5)
+
+
+def test_a_progress_bar_when_asked(digits, capsys):
+    run, images = digits
+    status, out, err = _run([images / '1', '--checkpoint', run / 'best_model', '--json', '--progress'], capsys)
+    assert status == 0 and 't2t_predict:' in err and '/5 [' in err and len(json.loads(out)['predictions']) == 5
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--json', 'photo.png'], "'photo.png': the output file must end in .json"),
+    (['--csv', 'out.txt'], "'out.txt': the output file must end in .csv"),
+    (['--csv', '-', '--json'], '--csv and --json cannot both go to stdout'),
+    (['--onnx', 'm.onnx', '--model', 't2t_vit_7'], '--model names the architecture of a checkpoint'),
+    (['--batch-size', '0'], '--batch-size must be positive'),
+])
+def test_bad_output_and_source_arguments(argv, message, trained, capsys):
+    src = [] if '--onnx' in argv else ['--checkpoint', str(trained)]
+    with pytest.raises(SystemExit) as e: predict_main([str(sample_image_path()), *src, *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_onnx_file_without_metadata_is_refused(tmp_path, capsys):
+    "An ONNX file exported by other means carries no preprocessing: refused with the reason, not fed with a guess."
+    pytest.importorskip('onnx'); pytest.importorskip('onnxruntime')
+    import contextlib, warnings
+    m = create_model('t2t_vit_7', img_size=32, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        torch.onnx.export(m, (torch.randn(1, 3, 32, 32),), dynamo=True, input_names=['image']).save(str(tmp_path / 'bare.onnx'))
+    status, _, err = _run([sample_image_path(), '--onnx', tmp_path / 'bare.onnx'], capsys)
+    assert status == 2 and 'carries no preprocessing in its metadata: export it with export_onnx' in err
+    (tmp_path / 'garbage.onnx').write_bytes(b'not onnx')
+    status, _, err = _run([sample_image_path(), '--onnx', tmp_path / 'garbage.onnx'], capsys)
+    assert status == 2 and 'cannot read ONNX file' in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_safetensors_file_with_model(checkpoints, tmp_path, capsys):
+    from t2t_course.models.weights import save_safetensors
+    sd = torch.load(checkpoints / 'official.pth.tar', weights_only=True)['state_dict_ema']
+    save_safetensors(sd, tmp_path / 'official.safetensors')
+    status, out, err = _run([sample_image_path(), '--checkpoint', tmp_path / 'official.safetensors', '--model', 't2t_vit_7'], capsys)
+    assert status == 0 and out.startswith('t2t_vit_7 (safetensors file official.safetensors, weights), 224 x 224'), err
+    status, _, err = _run([sample_image_path(), '--checkpoint', tmp_path / 'official.safetensors'], capsys)
+    assert status == 2 and 'name its architecture with --model' in err

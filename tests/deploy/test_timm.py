@@ -2,7 +2,8 @@
 tests/test_models.py asks of its vision transformers (the "non-standard" family), one property per test over every
 registered name: forward (with gradient checkpointing), backward, default_cfgs_non_std, forward_features
 (features_only), forward_intermediates, forward_fx, backward_fx, forward_torchscript and forward_fx_torchscript. Plus what timm does not test: checkpointing gives
-the same gradients, the layer-wise decay groups, weights from local files, and names timm already has.
+the same gradients, the layer-wise decay groups, weights from local files, names timm already has, and model folders
+(`save_pretrained`'s and `t2t_convert`'s) read by timm's own loader, `timm.create_model('local-dir:FOLDER', pretrained=True)`.
 
 Each variant keeps its widths, heads and block type but is shrunk to 3 blocks (the dense design to stages (2, 1)) and
 built at 32 px, so the whole file runs in a minute or two on a CPU; every model runs at any size
@@ -299,3 +300,53 @@ def test_pretrained_cfg_and_overlay_are_accepted():
                           cache_dir='/nowhere', **_tiny('t2t_vit_7'))
     assert m.pretrained_cfg['crop_pct'] == 1.0 and m.pretrained_cfg['file'] == t2t_timm.timm_cfg('t2t_vit_7')['file']
     assert timm.data.resolve_model_data_config(m)['crop_pct'] == 1.0
+
+
+# ---------------------------------------------------------------- model folders through timm's own loader ('local-dir:')
+from t2t_course.models.t2t_vit import save_pretrained
+from tests.support.commands import call
+from tests.support.no_pickle import no_unpickling
+
+LOCAL_DIR = pytest.mark.skipif(not hasattr(sys.modules.get('timm.models._hub'), 'load_model_config_from_path'),
+                               reason=f"timm {timm.__version__} cannot read model folders ('local-dir:' needs timm 1.0.16)")
+FOLDER_CASES = {  # what: (name, overrides, label names)
+    'the family, Performer T2T layers': ('t2t_vit_7', {}, None),
+    'the family, transformer T2T layers': ('t2t_vit_t_14', {}, None),
+    'a design-space variant (SE)': ('t2t_vit_14_se', {}, None),
+    'a design-space variant (dense)': ('t2t_vit_dense', {}, None),
+    'a fine-tuned 10-class head with label names': ('t2t_vit_7', dict(num_classes=10), [f'digit {i}' for i in range(10)]),
+}
+
+
+@LOCAL_DIR
+@pytest.mark.parametrize('what', list(FOLDER_CASES))
+def test_timm_builds_our_model_from_a_model_folder(what, tmp_path):
+    "save_pretrained's folder through `timm.create_model('local-dir:FOLDER', pretrained=True)`: our logits, our cfg, no pickle."
+    name, kw, labels = FOLDER_CASES[what]
+    torch.manual_seed(0)
+    model = t2t_course.create_model(name, **(_tiny(name) | kw)).eval()
+    folder = save_pretrained(model, tmp_path / 'm', label_names=labels)
+    with no_unpickling(): via = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    x = _x((3, 32, 32), batch=2)
+    with torch.no_grad(): torch.testing.assert_close(via(x), model(x), atol=1e-6, rtol=0)
+    cfg = via.pretrained_cfg
+    assert (cfg['source'], cfg['file'], via.num_classes, cfg.get('label_names')) == ('local-dir', str(folder), model.num_classes, labels)
+    assert timm.data.resolve_model_data_config(via)['input_size'] == (3, 32, 32)
+
+
+@LOCAL_DIR
+def test_timm_builds_the_converters_folder_from_an_official_file(tmp_path):
+    "An official-format release (the golden T2T-ViT-7) through t2t_convert, then timm: the official logits, ImageNet's names."
+    from t2t_course.deploy.convert import convert_main
+    g = torch.load(REF / 'golden' / 't2t_vit_7_224.pt')
+    official = tmp_path / '71.7_T2T_ViT_7.pth.tar'
+    torch.save({'args': argparse.Namespace(model='t2t_vit_7'), 'state_dict_ema': {f'module.{k}': v for k, v in g['state_dict'].items()},
+                'state_dict': {f'module.{k}': torch.zeros_like(v) for k, v in g['state_dict'].items()}}, official)
+    code, out, err = call(convert_main, [str(official), str(tmp_path / 't2t_vit_7'), '--model', 't2t_vit_7'])
+    assert code == 0 and err == '', err
+    with no_unpickling(): via = timm.create_model(f"local-dir:{tmp_path / 't2t_vit_7'}", pretrained=True).eval()
+    ours = t2t_course.create_model('t2t_vit_7', pretrained=official).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(via(g['input']), ours(g['input']), atol=1e-6, rtol=0)
+        torch.testing.assert_close(via(g['input']), g['logits'], atol=1e-4, rtol=0)
+    assert via.pretrained_cfg['label_names'][:2] == ['tench', 'goldfish'] and via.pretrained_cfg['crop_pct'] == 0.9

@@ -1,6 +1,7 @@
 """The T2T-ViT family (chapter 08b, `t2t_course.models.t2t_vit`): the registry and its variants, official layouts,
 golden logits, the timm-style contract (one property per test, over every registered model), an empty batch,
-checkpoint conversion, bad input, and MAC counts against the official ones. Elsewhere: the fast paths against the
+checkpoint conversion, bad input, MAC counts against the official ones, and model folders (`save_pretrained`,
+`create_model(FOLDER)`, `pretrained=FOLDER` or a `.safetensors` file) for every design, read without unpickling. Elsewhere: the fast paths against the
 readable paths (tests/test_core.py), the position table and the head (test_backbone.py), unreadable checkpoint files
 (test_weights.py), timm's contract methods without timm (tests/deploy/test_contract.py).
 
@@ -489,3 +490,73 @@ def test_jit_trace(name):
         warnings.simplefilter('ignore')  # its deprecation notice, and the Performer's shape check
         traced = torch.jit.trace(model, x)
     with torch.no_grad(): torch.testing.assert_close(traced(x), model(x))
+
+
+# ------------------------------------------------------------------ model folders: save_pretrained, create_model(FOLDER)
+from t2t_course.models.t2t_vit import save_pretrained
+from t2t_course.models.weights import save_safetensors
+from tests.support.no_pickle import no_unpickling
+
+FOLDER_MODELS = sorted(FIRST_OF_EACH_DESIGN | {'resnet_baseline', 'vit_baseline'})
+
+
+@pytest.mark.parametrize('name', FOLDER_MODELS)
+def test_a_model_folder_rebuilds_the_model(name, tmp_path):
+    "Every design (shrunk to 2 blocks, 32 px, 42 classes) saved as a model folder comes back with the same weights and logits."
+    model = _small(name, **few_blocks(name, 2)).eval()
+    folder = save_pretrained(model, tmp_path / name)
+    with no_unpickling(): again = create_model(folder).eval()
+    assert type(again) is type(model) and again.default_cfg['architecture'] == name
+    for k, v in model.state_dict().items(): assert torch.equal(again.state_dict()[k], v), k
+    x = _x(32, 32)
+    with torch.no_grad(): torch.testing.assert_close(again(x), model(x), atol=1e-6, rtol=0)
+
+
+def test_the_config_json_has_timms_keys(tmp_path):
+    "architecture, num_classes, num_features, label_names, model_args (no drop rates), pretrained_cfg (no provenance)."
+    model = create_model('t2t_vit_7', img_size=48, embed_dim=64, depth=2, num_heads=2, num_classes=3, drop_path_rate=0.1)
+    folder = save_pretrained(model, tmp_path / 'm', label_names=['cat', 'dog', 'owl'], data_config=dict(crop_pct=1.0))
+    cfg = json.loads((folder / 'config.json').read_text())
+    assert {k: cfg[k] for k in ('architecture', 'num_classes', 'num_features', 'label_names')} == \
+        dict(architecture='t2t_vit_7', num_classes=3, num_features=64, label_names=['cat', 'dog', 'owl'])
+    assert cfg['model_args'] == dict(embed_dim=64, depth=2, num_heads=2, num_classes=3, img_size=[48, 48])
+    pc = cfg['pretrained_cfg']
+    assert (pc['input_size'], pc['crop_pct'], pc['interpolation'], pc['num_classes'], pc['classifier']) == ([3, 48, 48], 1.0, 'bicubic', 3, 'head')
+    assert not {'file', 'url', 'top1', 'architecture', 'pool_size'} & set(pc)
+    m = create_model(folder)
+    assert (m.default_cfg['label_names'], m.default_cfg['crop_pct'], m.default_cfg['file'], m.default_cfg['url']) == \
+        (['cat', 'dog', 'owl'], 1.0, str(folder), None)
+    assert save_pretrained(m, tmp_path / 'again') and json.loads((tmp_path / 'again' / 'config.json').read_text())['label_names'] == ['cat', 'dog', 'owl']
+
+
+def test_create_model_with_a_folder_as_pretrained(tmp_path):
+    "The folder's arguments are defaults (keywords win; a new head is dropped with a warning); another architecture is refused."
+    model = create_model('t2t_vit_7', img_size=32, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()
+    folder = save_pretrained(model, tmp_path / 'm')
+    x = _x(32, 32)
+    for again in (create_model('t2t_vit_7', pretrained=folder), create_model(f'local-dir:{folder}'), create_model(str(folder))):
+        with torch.no_grad(): assert torch.equal(again.eval()(x), model(x))
+    with pytest.warns(UserWarning, match=r"dropping the checkpoint's classifier head \(10 classes\)"):
+        assert create_model(folder, num_classes=4, img_size=64).default_cfg['input_size'] == (3, 64, 64)
+    with pytest.raises(ValueError, match=r"holds a t2t_vit_7, not a t2t_vit_14: create_model\("): create_model('t2t_vit_14', pretrained=folder)
+    cfg = json.loads((folder / 'config.json').read_text())
+    (folder / 'config.json').write_text(json.dumps(dict(cfg, architecture='t2t_vit_77')))
+    with pytest.raises(ValueError, match=r"unknown model 't2t_vit_77'; did you mean"): create_model(folder)
+    with pytest.raises(ValueError, match='has no config.json'): create_model(tmp_path)
+
+
+def test_pretrained_safetensors_file(tmp_path):
+    model = create_model('t2t_vit_7', img_size=32, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()
+    path = save_safetensors({f'module.{k}': v for k, v in model.state_dict().items()}, tmp_path / 'w.safetensors')  # DDP prefixes
+    with no_unpickling():
+        again = create_model('t2t_vit_7', img_size=32, embed_dim=64, depth=2, num_heads=2, num_classes=10, pretrained=path).eval()
+    with torch.no_grad(): assert torch.equal(again(_x(32, 32)), model(_x(32, 32)))
+
+
+def test_save_pretrained_refuses_what_it_cannot_write(tmp_path):
+    with pytest.raises(ValueError, match='built by create_model'): save_pretrained(nn.Linear(3, 4), tmp_path / 'a')
+    m = create_model('t2t_vit_7', img_size=32, embed_dim=64, depth=2, num_heads=2, num_classes=3)
+    with pytest.raises(ValueError, match='2 label names for a head of 3 classes'): save_pretrained(m, tmp_path / 'b', label_names=['a', 'b'])
+    odd = create_model('t2t_vit_7', img_size=32, embed_dim=64, depth=2, num_heads=2, norm_layer=nn.LayerNorm)
+    with pytest.raises(ValueError, match=r'config.json cannot hold config.model_args.norm_layer \(type\)'): save_pretrained(odd, tmp_path / 'c')
+    assert not (tmp_path / 'b').exists() and not (tmp_path / 'c').exists()

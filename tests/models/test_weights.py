@@ -1,6 +1,8 @@
 """Reading a checkpoint file safely (chapter 08a, `t2t_course.models.weights`): every file that cannot be read (text,
 truncated, empty, pickled numpy, a list, a dict without weights) is one message naming the file and what was expected,
-through `create_model(pretrained=path)` and `load_checkpoint`; a pickle that calls a function is refused, never run."""
+through `create_model(pretrained=path)` and `load_checkpoint`; a pickle that calls a function is refused, never run.
+safetensors files and model folders in timm's layout: written atomically, read back equal without any unpickling, and
+every damaged file or folder named."""
 import os
 
 import numpy as np
@@ -47,3 +49,92 @@ def test_a_malicious_pickle_is_refused(tmp_path):
     _malicious(tmp_path / 'evil.pth')
     with pytest.raises(CheckpointError, match=r'holds pickled code or objects \(posix.system\) that are refused'):
         read_checkpoint(tmp_path / 'evil.pth')
+
+
+# ------------------------------------------------------------------ safetensors and model folders
+from unittest import mock
+
+from t2t_course.models.weights import (folder_cfg, is_model_folder, read_model_config, read_safetensors, read_weights,
+                                       save_safetensors, write_model_folder)
+from tests.support.no_pickle import no_unpickling
+
+
+def _state():
+    return {'w': torch.randn(4, 3), 'table': torch.arange(6.).view(2, 3).t(), 'half': torch.randn(5).bfloat16(),
+            'steps': torch.tensor(7)}
+
+
+def test_safetensors_round_trip_without_pickle(tmp_path):
+    "Floats, a transposed view, bfloat16 and an int come back equal; no temporary file is left; reading runs no unpickler."
+    sd = _state()
+    path = save_safetensors(sd, tmp_path / 'w.safetensors', metadata={'note': 'test'})
+    with no_unpickling(): back = read_safetensors(path)
+    assert sorted(back) == sorted(sd) and all(torch.equal(back[k], sd[k]) and back[k].dtype == sd[k].dtype for k in sd)
+    assert [p.name for p in tmp_path.iterdir()] == ['w.safetensors']
+
+
+def test_an_interrupted_safetensors_write_keeps_the_old_file(tmp_path):
+    "The file is written beside the target and renamed over it: a failed write leaves the old file whole, and no temporary."
+    path = save_safetensors({'w': torch.zeros(3)}, tmp_path / 'w.safetensors')
+    with mock.patch('os.replace', side_effect=OSError(28, 'No space left on device')):
+        with pytest.raises(OSError, match='No space left'): save_safetensors({'w': torch.ones(3)}, path)
+    assert torch.equal(read_safetensors(path)['w'], torch.zeros(3)) and [p.name for p in tmp_path.iterdir()] == ['w.safetensors']
+
+
+@pytest.mark.parametrize('kind, message', [
+    ('truncated', r"cannot read weights .*bad\.safetensors: not a safetensors file, or a truncated or damaged one"),
+    ('pickle', r"cannot read weights .*bad\.safetensors: not a safetensors file"),
+    ('empty', r"weights file .*bad\.safetensors is empty \(0 bytes\)"),
+])
+def test_unreadable_safetensors_are_named(kind, message, tmp_path):
+    good = save_safetensors(_state(), tmp_path / 'good.safetensors')
+    bad = tmp_path / 'bad.safetensors'
+    if kind == 'truncated': bad.write_bytes(good.read_bytes()[:60])
+    elif kind == 'pickle': torch.save(_state(), bad)
+    else: bad.write_bytes(b'')
+    with pytest.raises(CheckpointError, match=message): read_safetensors(bad)
+    with pytest.raises(CheckpointError, match=message): read_weights(bad, what='weights')
+
+
+def test_a_model_folder_is_read_without_pickle(tmp_path):
+    "A folder in timm's layout: both files, read by `read_model_config` and `read_weights` with every unpickler refusing."
+    sd = _state()
+    folder = write_model_folder(tmp_path / 'm', sd, dict(architecture='x', num_classes=4, label_names=list('abcd')))
+    assert sorted(p.name for p in folder.iterdir()) == ['config.json', 'model.safetensors']
+    assert is_model_folder(folder) and is_model_folder(f'local-dir:{folder}') and not is_model_folder(tmp_path / 'nope')
+    with no_unpickling():
+        assert read_model_config(folder)['label_names'] == list('abcd')
+        assert all(torch.equal(v, sd[k]) for k, v in read_weights(f'local-dir:{folder}').items())
+
+
+def test_a_folder_of_timms_pickle_is_read_safely(tmp_path):
+    "A folder with only `pytorch_model.bin` (timm's save_for_hf without safetensors) is read with weights_only."
+    (tmp_path / 'config.json').write_text('{"architecture": "x"}')
+    torch.save({'w': torch.ones(2)}, tmp_path / 'pytorch_model.bin')
+    assert torch.equal(read_weights(tmp_path)['w'], torch.ones(2))
+
+
+@pytest.mark.parametrize('case, message', [
+    ('no config', 'has no config.json: not a model folder'),
+    ('not json', 'config.json: not JSON'),
+    ('no architecture', 'names no architecture'),
+    ('no weights', 'has no model.safetensors'),
+])
+def test_what_is_not_a_model_folder_is_named(case, message, tmp_path):
+    if case != 'no config': (tmp_path / 'config.json').write_text({'not json': '{"architecture": ', 'no architecture': '{"num_classes": 3}'}
+                                                                  .get(case, '{"architecture": "x"}'))
+    read = read_weights if case == 'no weights' else read_model_config
+    with pytest.raises(CheckpointError, match=message): read(tmp_path)
+
+
+def test_a_config_json_cannot_hold_is_refused_before_writing(tmp_path):
+    with pytest.raises(ValueError, match=r'config.json cannot hold config.model_args.norm_layer \(type\)'):
+        write_model_folder(tmp_path / 'm', _state(), dict(architecture='x', model_args=dict(norm_layer=torch.nn.LayerNorm)))
+    assert not (tmp_path / 'm').exists()
+
+
+def test_folder_cfg_gives_the_preprocessing_and_fitting_labels():
+    cfg = dict(pretrained_cfg=dict(crop_pct=1.0, mean=[0.5] * 3, interpolation='bilinear', file='x', input_size=[3, 32, 32]),
+               label_names=['a', 'b'])
+    assert folder_cfg(cfg, 2) == dict(crop_pct=1.0, mean=(0.5,) * 3, interpolation='bilinear', label_names=['a', 'b'])
+    assert 'label_names' not in folder_cfg(cfg, 3) and folder_cfg({}, 2) == {}

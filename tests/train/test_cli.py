@@ -227,3 +227,38 @@ def test_t2t_eval_bad_input(folder, tmp_path):
              '--model', 't2t_vit_7', '--data', str(folder)])
     assert p.returncode == 2 and 'not a PyTorch checkpoint' in p.stderr, p.stderr
     no_traceback(p.stderr)
+
+
+# ------------------------------------------------------------------ model folders: t2t_eval on one, --pretrained one
+def test_t2t_eval_and_pretrained_take_a_model_folder(folder, tmp_path):
+    """A run's best_model/: t2t_eval on it (with --data) gives the best epoch's EMA accuracy; `t2t_train --pretrained` it
+    needs no --model (the folder names its architecture and arguments, which the new run's config records)."""
+    code, _, err = call(main, train_args(folder, tmp_path / 'a', '--epochs', '2', '--ema-decay', '0.9'))
+    assert code == 0, err
+    history = torch.load(tmp_path / 'a' / 'best.pth', weights_only=True)['history']
+    best = max(history, key=lambda h: max(h['val_acc1'], h['ema_val_acc1']))
+    code, out, err = call(eval_main, [str(tmp_path / 'a' / 'best_model'), '--data', str(folder), '--workers', '0'])
+    assert code == 0 and f"top-1 {best['ema_val_acc1']:6.2f}%" in out and 'EMA' not in out, (out, err)
+    code, _, err = call(eval_main, [str(tmp_path / 'a' / 'best_model')])
+    assert code == 2 and 'pass the validation folder with --data' in err
+    code, _, err = call(eval_main, [str(tmp_path / 'a' / 'best_model'), '--data', str(folder), '--model', 't2t_vit_14'])
+    assert code == 2 and "holds a t2t_vit_7: t2t_eval uses a model folder's own architecture; drop --model" in err
+    args = ['--data', str(folder), '--pretrained', str(tmp_path / 'a' / 'best_model'), '--img-size', '16', '--threads', '1',
+            '--no-progress', '-b', '8', '--workers', '0', '--epochs', '1', '--output', str(tmp_path / 'b')]
+    code, out, err = call(main, args)
+    assert code == 0, err
+    cfg = torch.load(tmp_path / 'b' / 'last.pth', weights_only=True)['config']
+    assert (cfg['model'], cfg['model_kwargs']) == ('t2t_vit_7', dict(embed_dim=32, depth=1, num_heads=2, mlp_ratio=2.0, token_dim=16))
+    code, _, err = call(eval_main, [str(tmp_path / 'b' / 'last.pth'), '--workers', '0'])
+    assert code == 0, err
+
+
+def test_pretrained_safetensors_file(folder, tmp_path):
+    from t2t_course.models.weights import save_safetensors
+    from tests.support.commands import TINY
+    save_safetensors(create_model('t2t_vit_7', img_size=16, num_classes=4, **TINY).state_dict(), tmp_path / 'w.safetensors')
+    code, _, err = call(main, train_args(folder, tmp_path / 'run', '--epochs', '1', '--pretrained', str(tmp_path / 'w.safetensors')))
+    assert code == 0, err
+    (tmp_path / 'bad.safetensors').write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00not json')
+    code, _, err = call(main, train_args(folder, tmp_path / 'run2', '--epochs', '1', '--pretrained', str(tmp_path / 'bad.safetensors')))
+    assert code == 2 and 'not a safetensors file, or a truncated or damaged one' in err, err
