@@ -147,12 +147,16 @@ def split_directives(src):
     return dirs, ''.join(lines[i:])
 
 
+_re_guidelink = re.compile(r'\[([^\]]*)\]\(guides/(\w+)\.md(?:#[^)\s]*)?\)')
+
+
 def md_cell(src, cid):
     return {'cell_type': 'markdown', 'id': cid, 'metadata': {}, 'source': src}
 
 
-def preprocess(nb, stem, targets, anchors, cfg):
-    "A copy of notebook `nb` as this site shows it (see the module's docstring)."
+def preprocess(nb, stem, targets, anchors, cfg, built_guides=None):
+    """A copy of notebook `nb` as this site shows it (see the module's docstring); a link to a guide that is not in
+    `built_guides` (a partial build) becomes its text."""
     cells, title_done = [], False
     git_url, branch = cfg['git_url'].rstrip('/'), cfg.get('branch', 'main')
     for c in nb['cells']:
@@ -189,6 +193,8 @@ def preprocess(nb, stem, targets, anchors, cfg):
                     f'<a href="{colab}">open it in Colab</a></p>', 'chapterlinks'))
                 continue
             src = table_math(link_chapters(src, targets, stem))
+            if built_guides is not None:
+                src = _re_guidelink.sub(lambda m: m[0] if m[2] in built_guides else m[1], src)
         c['source'] = src
         if not tags: del c['metadata']['tags']
         cells.append(c)
@@ -447,16 +453,16 @@ def main(argv=None):
     libnames = library_names()
     anchors = name_anchors(libnames)
     titles, wanted = {}, {'_config.yml', '_toc.yml', f'{NAMES_PAGE}.md'}
+    guide_names = [g for g in guides() if not only or 'guides' in only or f'guides/{g}' in only]
     for s in stems:
         nb = json.loads((NBS / f'{s}.ipynb').read_text(encoding='utf-8'))
-        pnb = preprocess(nb, s, targets, {cid: ids for (st, cid), ids in anchors.items() if st == s}, cfg)
+        pnb = preprocess(nb, s, targets, {cid: ids for (st, cid), ids in anchors.items() if st == s}, cfg, set(guide_names))
         title = next((l[2:].strip() for c in pnb['cells'] if c['cell_type'] == 'markdown'
                       for l in (''.join(c['source'])).splitlines() if l.startswith('# ')), s)
         titles[s] = title
         write_if_changed(src / f'{s}.ipynb', json.dumps(pnb, indent=1, ensure_ascii=False) + '\n')
         wanted.add(f'{s}.ipynb')
     write_if_changed(src / f'{NAMES_PAGE}.md', names_page(libnames, set(stems), titles))
-    guide_names = [g for g in guides() if not only or 'guides' in only or f'guides/{g}' in only]
     for g in guide_names:
         write_if_changed(src / 'guides' / f'{g}.md',
                          guide_page((NBS / 'guides' / f'{g}.md').read_text(encoding='utf-8'), targets, cfg, set(guide_names)))
