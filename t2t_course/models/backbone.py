@@ -343,7 +343,8 @@ def count_macs(model:nn.Module,        # any model taking a (1, C, H, W) image
         return sum(v for op, v in counts.get(f'{root}.{name}' if name else root, {}).items() if op in ops)
     modules = dict(model.named_modules())
     linear = sum(flops(n) for n, m in modules.items() if isinstance(m, nn.Linear))
-    performer = sum(flops(n) - sum(flops(c) for c, cm in modules.items() if c.startswith(n + '.') and isinstance(cm, nn.Linear))
+    inside = lambda c, n: c.startswith(n + '.') if n else c != ''   # module c lies inside module n ('' is the root)
+    performer = sum(flops(n) - sum(flops(c) for c, cm in modules.items() if inside(c, n) and isinstance(cm, nn.Linear))
                     for n, m in modules.items() if isinstance(m, TokenPerformer))
     macs = dict(linear=linear // 2,
                 conv=counts.get('Global', {}).get(aten.convolution, 0) // 2,

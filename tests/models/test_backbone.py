@@ -84,3 +84,13 @@ def test_num_classes_must_be_non_negative():
 def test_count_macs_fake_equals_real():
     model = create_model('t2t_vit_7', img_size=64)
     assert count_macs(model, 64) == count_macs(model, 64, fake=False)
+
+
+def test_count_macs_of_a_token_layer_as_the_root():
+    "A TokenPerformer counted on its own gives what it gives inside a container: its Linears are not Performer MACs."
+    import torch.nn as nn
+    from t2t_course.models.performer import TokenPerformer
+    from t2t_course.models.backbone import count_macs
+    x = torch.zeros(1, 3136, 147)
+    alone, inside = count_macs(TokenPerformer(147, 64), inputs=x), count_macs(nn.Sequential(TokenPerformer(147, 64)), inputs=x)
+    assert alone == inside and alone['attention'] == 0 and alone['performer'] > 0
