@@ -23,10 +23,10 @@ if cfg.get('pip_requirements'): requirements += shlex.split(cfg.get('pip_require
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), cfg['license'])
 dev_requirements = shlex.split(cfg.get('dev_requirements') or '')
-# Optional extras, each from its own `<name>_requirements` line of settings.ini: dev (which includes timm and export), timm,
-# export, and docs (the website's tools, tools/site.sh).
-extras = {name: shlex.split(cfg.get(f'{name}_requirements') or '') for name in ('dev', 'timm', 'export', 'docs')}
-extras['dev'] += extras['timm'] + extras['export']  # the dev extra runs every test, chapters 22 and 24's too
+# Optional extras, each from its own `<name>_requirements` line of settings.ini: dev (which includes timm, export and
+# tensorboard), timm, export, tensorboard (`t2t_train --log tensorboard`), and docs (the website's tools, tools/site.sh).
+extras = {name: shlex.split(cfg.get(f'{name}_requirements') or '') for name in ('dev', 'timm', 'export', 'tensorboard', 'docs')}
+extras['dev'] += extras['timm'] + extras['export'] + extras['tensorboard']  # the dev extra runs every test, chapters 22, 24 and 18b's too
 
 package_data = dict()
 pkg_data = cfg.get('package_data', None)

@@ -18,7 +18,7 @@ VENV=${VENV:-.venv}
 
 START=$SECONDS
 took() { echo "   ($1: $((SECONDS - START)) s since the start)"; }
-echo "== set up: $VENV with t2t_course[dev,timm,export,docs]"
+echo "== set up: $VENV with t2t_course[dev,timm,export,docs,tensorboard]"
 if [ ! -x "$VENV/bin/python" ]; then
   # torch and torchvision already installed for PYTHON (GBs with CUDA): the venv sees them instead of installing its own
   if "$PYTHON" -c 'import torch, torchvision' 2>/dev/null; then "$PYTHON" -m venv --system-site-packages "$VENV"
@@ -36,10 +36,10 @@ INSTALLER=${INSTALLER:-uv}
 if [ "$INSTALLER" = uv ] && grep -q '^include-system-site-packages *= *true' "$VENV/pyvenv.cfg" \
    && python -c 'import torch, torchvision' 2>/dev/null && python -m pip install --quiet uv 2>/dev/null; then
   printf '%s\n' 'torch; sys_platform == "never"' 'torchvision; sys_platform == "never"' > "$VENV/uv-inherited.txt"
-  python -m uv pip install --quiet --python "$VENV/bin/python" --override "$VENV/uv-inherited.txt" -e ".[dev,timm,export,docs]"
+  python -m uv pip install --quiet --python "$VENV/bin/python" --override "$VENV/uv-inherited.txt" -e ".[dev,timm,export,docs,tensorboard]"
 else
   python -m pip install --quiet --upgrade pip
-  python -m pip install --quiet --no-compile -e ".[dev,timm,export,docs]"
+  python -m pip install --quiet --no-compile -e ".[dev,timm,export,docs,tensorboard]"
 fi
 # Byte-code: the suite's processes (two runners, and over a hundred command lines started by the tests) import the
 # same modules again and again. Each module is compiled once, by the first process that imports it, and kept (Python's

@@ -6,7 +6,7 @@
 __all__ = ['NonFiniteLossError', 'train_one_epoch', 'end_epoch', 'TrainResult', 'header', 'fit', 'train']
 
 # %% ../../nbs/18d_loop.ipynb #2e4beb91
-import math, signal, time
+import contextlib, math, signal, time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from .distributed import (StopVote, all_gather_objects, all_reduce_sum, cleanup_
 from .checkpoint import GracefulStop
 from .evaluate import close_loader, closing_loader, evaluate
 from .config import TrainConfig
-from .step import SYNC_EVERY, train_step
+from .step import SYNC_EVERY, forward_backward, prepare_batch, update_step
 from .callbacks import default_callbacks, run_callbacks
 from .run import SIGPIPE_STOP, EpochTally, Run, build_run, save_run
 
@@ -30,16 +30,24 @@ class NonFiniteLossError(RuntimeError):
     "The training loss became NaN or infinite."
 
 def _loop_step(run:Run, images, targets) -> tuple:
-    "`train_step` on a loader batch; one with no good image is skipped (one process) or a zero-loss step (DDP)."
-    cfg, st, loss_fn = run.cfg, run.state, run.loss_fn
-    if images is None:
-        if not run.env.distributed:
-            st.schedule.step()
-            return None, 0
-        images, targets = torch.zeros(1, 3, cfg.img_size, cfg.img_size), torch.zeros(1, dtype=torch.long)
-        loss_fn = lambda logits, t: 0. * run.loss_fn(logits, t)  # keeps the processes in step
-    loss = train_step(st, run.model, images, targets, loss_fn, run.mixer, run.dtype, cfg.clip_grad)
-    return loss, (len(images) if loss_fn is run.loss_fn else 0)
+    "A loader batch's forward and backward; the optimizer step after the last batch of its group. -> (loss, images, stepped)"
+    cfg, st, loss_fn, loss, n = run.cfg, run.state, run.loss_fn, None, 0
+    start = st.batch - st.batch % cfg.grad_accum_steps                # the group's first batch in the epoch
+    size = min(cfg.grad_accum_steps, run.batches_per_epoch - start)    # the epoch's last group may be short
+    last = st.batch + 1 == start + size
+    if images is not None or run.env.distributed:                      # no good image: skipped, or under DDP ...
+        if images is None:                                             # ... a zero-loss batch that keeps the processes in step
+            images, targets = torch.zeros(1, 3, cfg.img_size, cfg.img_size), torch.zeros(1, dtype=torch.long)
+            loss_fn = lambda logits, t: 0. * run.loss_fn(logits, t)
+        images, targets = prepare_batch(st, images, targets, run.mixer)
+        with run.ddp.no_sync() if run.ddp is not None and not last else contextlib.nullcontext():  # all-reduce once
+            loss = forward_backward(run.model, images, targets, loss_fn, run.dtype, st.scaler, divide=size)
+        run.has_grads, n = True, (len(images) if loss_fn is run.loss_fn else 0)
+    if last:
+        if run.has_grads: update_step(st, cfg.clip_grad)              # optimizer, EMA, schedule
+        else: st.schedule.step()                                       # a group without a good image: the schedule moves on
+        run.has_grads = False; st.step += 1
+    return loss, n, last
 
 def _sync_losses(run:Run, window:list) -> list:
     "Bring the window's `(loss, n)` to the host, check them (on every process), add them up; an empty window."
@@ -47,7 +55,8 @@ def _sync_losses(run:Run, window:list) -> list:
     bad = next((i for i, v in enumerate(vals) if not math.isfinite(v)), None)
     if all_reduce_sum(torch.tensor([float(bad is not None)], device=run.env.device)).item() > 0:
         st = run.state
-        where = (f"in epoch {st.epoch + 1}, step {st.batch - len(vals) + bad + 1} of {run.steps_per_epoch} (loss {vals[bad]})"
+        unit = 'step' if run.cfg.grad_accum_steps == 1 else 'batch'
+        where = (f"in epoch {st.epoch + 1}, {unit} {st.batch - len(vals) + bad + 1} of {run.batches_per_epoch} (loss {vals[bad]})"
                  if bad is not None else f"on another process in epoch {st.epoch + 1}")
         raise NonFiniteLossError(
             f"the training loss is not finite {where}: stopping without saving. The last good checkpoint, "
@@ -79,12 +88,13 @@ def train_one_epoch(run:Run) -> int:
                 run.bad_log.update(skipped)
                 run.batch = (images, targets)
                 run_callbacks(run, 'before_batch')
-                run.loss, n = _loop_step(run, *run.batch)
+                run.loss, n, stepped = _loop_step(run, *run.batch)
                 if n: window.append((run.loss, n))
-                st.batch += 1; st.step += 1
+                st.batch += 1
+                last = st.batch == run.batches_per_epoch
+                if last or st.batch % SYNC_EVERY == 0: window = _sync_losses(run, window)  # (the callbacks see the tally)
                 run_callbacks(run, 'after_step')
-                last = st.batch == run.steps_per_epoch
-                if last or st.batch % SYNC_EVERY == 0: window = _sync_losses(run, window)
+                if not stepped: continue         # a stop waits for the optimizer step: a checkpoint never splits a group
                 signum = run.vote.poll()
                 if signum and not last: return _stop_mid_epoch(run, window, signum)
     except RuntimeError as e:  # a signal to the whole process group also reached (and killed) a loader worker
@@ -148,11 +158,14 @@ def header(run:Run) -> str:
     n = sum(p.numel() for p in st.model.parameters() if p.requires_grad)
     data = get_dataset(cfg.data).description if is_builtin(cfg.data) else cfg.data
     amp, k = str(run.dtype).replace('torch.', '') if run.dtype else 'off', run.global_batch / LR_BASE_BATCH
+    n_acc = cfg.grad_accum_steps
+    acc = (f" = {cfg.batch_size} x {run.env.world_size} x {n_acc} batches accumulated" if n_acc > 1 else '')
+    steps = f"{run.steps_per_epoch} steps" + (f" ({run.batches_per_epoch} batches)" if n_acc > 1 else '')
     return (f"t2t_train: {cfg.model}{' ' + str(cfg.model_kwargs) if cfg.model_kwargs else ''} ({n / 1e6:.2f}M trainable "
             f"parameters) on {data} ({len(run.train_ds)} train / {len(run.val_ds)} val images, {len(run.classes)} classes), "
-            f"{cfg.img_size} px\n  {run.env.world_size} process(es) on {run.env.device.type}, global batch {run.global_batch}, "
+            f"{cfg.img_size} px\n  {run.env.world_size} process(es) on {run.env.device.type}, global batch {run.global_batch}{acc}, "
             f"peak lr {cfg.lr * k:.3g} (= {cfg.lr:g} x {run.global_batch}/{LR_BASE_BATCH}), floor {cfg.min_lr * k:.3g}, "
-            f"{cfg.opt}, {run.total_epochs} epochs of {run.steps_per_epoch} steps, amp {amp}, output {run.out}\n" + str(cfg))
+            f"{cfg.opt}, {run.total_epochs} epochs of {steps}, amp {amp}, output {run.out}\n" + str(cfg))
 
 # %% ../../nbs/18d_loop.ipynb #49a2d1cf
 def _result(run:Run, interrupted:int) -> TrainResult:
@@ -168,8 +181,9 @@ def _result(run:Run, interrupted:int) -> TrainResult:
     if bad.count: run.log('training: ' + bad.report())
     if val_bad.count: run.log('validation (not counted in the accuracy): ' + val_bad.report())
     if interrupted:
+        unit = 'steps' if run.cfg.grad_accum_steps == 1 else 'batches'
         run.log(f"stopped by {signal.Signals(interrupted).name} in epoch {st.epoch + (1 if st.batch else 0)} after "
-                f"{st.batch or run.steps_per_epoch} of its {run.steps_per_epoch} steps: checkpoint saved to "
+                f"{st.batch or run.batches_per_epoch} of its {run.batches_per_epoch} {unit}: checkpoint saved to "
                 f"{run.last_path}; continue with --resume auto --output {run.out}")
     elif st.history:
         h = st.history[-1]

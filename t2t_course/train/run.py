@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['SIGPIPE_STOP', 'WEIGHT_KEYS', 'EpochTally', 'Run', 'build_model', 'loader_workers', 'run_checkpoint', 'save_run',
-           'resume', 'build_run']
+           'resume', 'write_run_config', 'build_run']
 
 # %% ../../nbs/18c_run.ipynb #cbd8bf78
-import os, signal, sys, time
+import json, math, os, signal, sys, time
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 
@@ -21,9 +21,9 @@ from ..data.loader import BadImageLog, create_loader
 from ..data.mixing import MixupCutmix, create_loss
 from ..data.datasets import data_root
 from ..data.pipelines import create_pipeline, get_pipeline
-from .optim import ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer, scale_lr
-from .distributed import DistEnv, env_int, EpochSampler, SeededDataset, ShardSampler, StopVote, all_gather_objects
-from .checkpoint import (GracefulStop, is_run_checkpoint, read_checkpoint_dict, lock_run_folder, remove_stale_temporaries, rng_state,
+from .optim import LR_BASE_BATCH, ModelEma, WarmupCosineSchedule, amp_dtype, create_grad_scaler, create_optimizer, scale_lr
+from .distributed import DistEnv, launch_env, EpochSampler, SeededDataset, ShardSampler, StopVote, all_gather_objects
+from .checkpoint import (GracefulStop, atomic_write_text, is_run_checkpoint, read_checkpoint_dict, lock_run_folder, remove_stale_temporaries, rng_state,
                                    save_checkpoint, set_rng_state)
 from .config import TrainConfig
 from .step import TrainState
@@ -47,11 +47,16 @@ class Run:
     env: DistEnv
     state: TrainState = None
     model: nn.Module = None          # what the loop calls: the raw model, wrapped in DDP and/or torch.compile
+    ddp: nn.Module = None            # the DDP wrapper (several processes), whose no_sync() the accumulated batches use
     classes: list = None
     train_ds: object = None; val_ds: object = None
     sampler: EpochSampler = None; train_dl: object = None; val_dl: object = None
     mixer: MixupCutmix = None; loss_fn: nn.Module = None; dtype: torch.dtype = None
-    steps_per_epoch: int = 0; total_epochs: int = 0; global_batch: int = 0
+    batches_per_epoch: int = 0       # loader batches per epoch and process (the micro-batches under gradient accumulation)
+    steps_per_epoch: int = 0         # optimizer steps per epoch: batches_per_epoch / grad_accum_steps, rounded up
+    total_epochs: int = 0
+    global_batch: int = 0            # images per optimizer step: batch_size x processes x grad_accum_steps
+    notes: list = field(default_factory=list)  # what a resume changed (config.json keeps them)
     callbacks: list = field(default_factory=list)
     lock: object = None              # the output folder's RunLock (rank 0)
     stop: GracefulStop = None        # the signal flag (set in `fit`)
@@ -63,6 +68,7 @@ class Run:
     val_bad_log: BadImageLog = field(default_factory=BadImageLog)  # validation images skipped (counted once)
     val_counted: bool = False        # the validation split's bad images are counted
     stdout_gone: bool = False        # stdout's reader has gone (`t2t_train ... | head`): stop as SIGPIPE would
+    has_grads: bool = False          # gradients of the current optimizer step's batches wait in .grad
     batch: tuple = None; loss: torch.Tensor = None; row: dict = None; result: object = None  # what callbacks see
     @property
     def out(self) -> Path: return Path(self.cfg.output)
@@ -94,8 +100,8 @@ def build_model(cfg:TrainConfig, num_classes:int) -> nn.Module:
         raise SetupError(f"cannot build {cfg.model}{kw}: {str(e).splitlines()[0]}") from None
 
 def loader_workers(workers:int) -> int:
-    "The config's loader workers, at most this process's share of the CPUs (under torchrun `LOCAL_WORLD_SIZE` processes share them)."
-    return min(workers, max(1, (os.cpu_count() or 1) // env_int('LOCAL_WORLD_SIZE', 1))) if workers else 0
+    "The config's loader workers, at most this process's share of the CPUs (shared by the processes on this node, chapter 14)."
+    return min(workers, max(1, (os.cpu_count() or 1) // launch_env().local_world_size)) if workers else 0
 
 def _build_data(run:Run):
     "Datasets, sampler, loaders, mixing and loss of `run.cfg`."
@@ -106,12 +112,13 @@ def _build_data(run:Run):
         pipe = create_pipeline(cfg.pipeline, data_root(cfg.data), cfg.img_size, cfg.data_preset, cfg.skip_bad_images)
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e
     run.train_ds, run.val_ds = pipe.train, pipe.val
-    run.classes, run.global_batch = list(run.train_ds.classes), cfg.batch_size * env.world_size
+    run.classes, run.global_batch = list(run.train_ds.classes), cfg.batch_size * env.world_size * cfg.grad_accum_steps
     run.sampler = EpochSampler(run.train_ds, env.world_size, env.rank, shuffle=True, seed=cfg.seed)
-    run.steps_per_epoch = run.sampler.num_samples // cfg.batch_size  # full batches only (drop_last)
-    if run.steps_per_epoch == 0:
-        raise SetupError(f"the training split has {len(run.train_ds)} images, fewer than one global batch of "
-                         f"{run.global_batch} ({cfg.batch_size} per process x {env.world_size}): lower --batch-size")
+    run.batches_per_epoch = run.sampler.num_samples // cfg.batch_size  # full batches only (drop_last)
+    run.steps_per_epoch = math.ceil(run.batches_per_epoch / cfg.grad_accum_steps)  # the last group may be short
+    if run.batches_per_epoch == 0:
+        raise SetupError(f"the training split has {len(run.train_ds)} images, fewer than one batch of {cfg.batch_size} "
+                         f"per process x {env.world_size} process(es): lower --batch-size")
     workers = loader_workers(cfg.workers)
     if workers < cfg.workers: run.log(f"note: {cfg.workers} loader workers per process capped at {workers}, this process's share of the CPUs")
     common = dict(num_workers=workers, pin_memory=env.device.type == 'cuda' and kind.pin_memory, collate_fn=pipe.collate_fn,
@@ -167,20 +174,48 @@ def resume(run:Run, path):
     if len(ck['optimizer']['param_groups']) != len(run.state.optimizer.param_groups) or old.get('opt', 'adamw') != cfg.opt:
         raise SetupError(f"cannot resume {path} with another optimizer setup: it ran {old.get('opt', 'adamw')} with backbone_lr_scale "
                          f"{old.get('backbone_lr_scale', 1.)}, this run {cfg.opt} with {cfg.backbone_lr_scale}")
-    if ck['batch'] and (ck['world_size'] != run.env.world_size or old.get('batch_size') != cfg.batch_size):
-        raise SetupError(f"cannot resume {path} in the middle of an epoch with another batch: it ran {old.get('batch_size')} "
-                         f"per process x {ck['world_size']}, this run {cfg.batch_size} x {run.env.world_size}")
-    st, sched = run.state, run.state.schedule
-    changed = [f"{k} {ck['scheduler'][k]:g} -> {getattr(sched, k):g}" for k in
-               ('peak_lr', 'warmup_steps', 'decay_steps', 'min_lr', 'warmup_lr') if ck['scheduler'].get(k) != getattr(sched, k)]
-    if changed: run.log(f"note: the learning-rate schedule differs from the checkpoint's ({', '.join(changed)}): "
-                        f"continuing at step {ck['scheduler']['last_step']} of this run's schedule")
-    partial = ck['partial']
+    was, now = (old.get('batch_size'), ck['world_size'], old.get('grad_accum_steps', 1)), (cfg.batch_size, run.env.world_size, cfg.grad_accum_steps)
+    if ck['batch'] and was != now:  # the position in an epoch is counted in batches of this size
+        raise SetupError(f"cannot resume {path} in the middle of an epoch with another batch: it ran {was[0]} per process x "
+                         f"{was[1]} x {was[2]} accumulated, this run {now[0]} x {now[1]} x {now[2]}; resume at an epoch's end")
+    st, partial = run.state, ck['partial']
     st.load_state_dict(dict(ck, partial=partial[run.env.rank] if partial and len(partial) == run.env.world_size else None))
+    _continue_schedule(run, ck)
     if st.ema is not None and st.ema.decay != cfg.ema_decay: st.ema.set_decay(cfg.ema_decay)  # this run's decay
     if ck['world_size'] == run.env.world_size: set_rng_state(ck['rng'][run.env.rank], run.env.device)
     else: set_seed(cfg.seed + 1000 * st.epoch + run.env.rank)  # another process count: a fresh stream
-    run.log(f"resumed from {path}: epoch {st.epoch + 1}, {st.batch} of its {run.steps_per_epoch} steps done")
+    run.log(f"resumed from {path}: epoch {st.epoch + 1}, {st.batch} of its {run.batches_per_epoch} batches done")
+
+# %% ../../nbs/18c_run.ipynb #87007e52
+def _continue_schedule(run:Run, ck:dict):
+    "Put this run's schedule where the checkpoint's training was; note what differs (a resume's notes, in config.json too)."
+    st, sched, old = run.state, run.state.schedule, ck['scheduler']
+    if not st.batch and st.step != st.epoch * run.steps_per_epoch:  # an epoch boundary, another number of steps per epoch
+        run.notes.append(f"steps per epoch {st.step // max(st.epoch, 1)} -> {run.steps_per_epoch} (global batch "
+                         f"{ck['config'].get('batch_size')} x {ck['world_size']} x {ck['config'].get('grad_accum_steps', 1)} -> "
+                         f"{run.cfg.batch_size} x {run.env.world_size} x {run.cfg.grad_accum_steps}): the schedule continues at "
+                         f"epoch {st.epoch} of {run.total_epochs}, step {st.epoch * run.steps_per_epoch} instead of {st.step}")
+        st.step = st.epoch * run.steps_per_epoch                    # the same point of training, in the new steps
+        sched.load_state_dict(dict(last_step=st.step))              # (and the optimizer's rate of that step)
+    changed = [f"{k} {old[k]:g} -> {getattr(sched, k):g}" for k in
+               ('peak_lr', 'warmup_steps', 'decay_steps', 'min_lr', 'warmup_lr') if old.get(k) != getattr(sched, k)]
+    if changed: run.notes.append(f"the learning-rate schedule is this run's ({', '.join(changed)}; peak = --lr x global "
+                                 f"batch {run.global_batch} / {LR_BASE_BATCH}), continuing at its step {sched.last_step}")
+    for note in run.notes: run.log(f"note: {note}")
+
+def write_run_config(run:Run, resumed_from=None):
+    "Rank 0 writes config.json: the resolved configuration, what it means for this launch, and a resume's notes."
+    if not run.env.is_main: return
+    sched = run.state.schedule
+    launch = dict(processes=run.env.world_size, global_batch=run.global_batch, batches_per_epoch=run.batches_per_epoch,
+                  steps_per_epoch=run.steps_per_epoch, epochs=run.total_epochs, peak_lr=sched.peak_lr, min_lr=sched.min_lr,
+                  warmup_lr=sched.warmup_lr, warmup_steps=sched.warmup_steps, decay_steps=sched.decay_steps,
+                  classes=len(run.classes))
+    resumed = resumed_from and dict(checkpoint=str(resumed_from), epoch=run.state.epoch, batch=run.state.batch,
+                                    step=run.state.step, notes=run.notes)
+    doc = dict(asdict(run.cfg), launch=launch, resumed=resumed or None)
+    atomic_write_text(run.out / 'config.json', json.dumps(doc, indent=2, default=str) + '\n')
+
 
 # %% ../../nbs/18c_run.ipynb #812430db
 def _lock_output(run:Run):
@@ -207,6 +242,7 @@ def _assemble(run:Run):
     path = run.last_path if cfg.resume == 'auto' else (Path(cfg.resume) if cfg.resume else None)
     if path is not None and path.is_file(): resume(run, path)
     else:
+        path = None
         if cfg.resume == 'auto': run.log(f"no checkpoint in {run.out}: starting from scratch")
         set_seed(cfg.seed + env.rank)  # the training stream (mixing, drop path) differs between processes
     if env.distributed:  # every process must continue from the same place
@@ -215,10 +251,11 @@ def _assemble(run:Run):
             raise SetupError(f"the processes resumed from different points ({where}, as (epoch, batch, step) per rank): "
                              f"--output must be a folder every node sees (a shared file system)")
         if dist.get_backend() == 'nccl': run.vote_group = dist.new_group(backend='gloo')  # the stop vote stays on the CPU
+    write_run_config(run, resumed_from=path)
     run.model = run.state.model
     if env.distributed:  # pos_embed and w never change: no need to broadcast the buffers before every forward
-        run.model = nn.parallel.DistributedDataParallel(run.model, device_ids=[env.device.index] if env.device.type == 'cuda'
-                                                        else None, broadcast_buffers=False)
+        run.model = run.ddp = nn.parallel.DistributedDataParallel(run.model, device_ids=[env.device.index] if env.device.type
+                                                                  == 'cuda' else None, broadcast_buffers=False)
     if cfg.compile: run.model = torch.compile(run.model)
 
 def build_run(cfg:TrainConfig,   # a resolved config

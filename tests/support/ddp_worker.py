@@ -1,8 +1,9 @@
 """Run by tests/train/test_distributed.py under torchrun with 2 CPU processes (gloo): what DDP computes, for the test
 to compare with a single process on the combined batch. Usage, from the repository:
 torchrun --nproc_per_node 2 -m tests.support.ddp_worker FOLDER OUT"""
-import sys
+import dataclasses, sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -11,9 +12,10 @@ import torch.nn.functional as F
 from t2t_course.models.t2t_vit import create_model
 from t2t_course.data import create_datasets, create_loader, create_loss
 from t2t_course.train.config import TrainConfig
-from t2t_course.train.distributed import ShardSampler, all_gather_objects, all_reduce_sum, setup_distributed
+from t2t_course.train.distributed import ShardSampler, StopVote, all_gather_objects, all_reduce_sum, setup_distributed
 from t2t_course.train.evaluate import evaluate
 from t2t_course.train import build_run, forward_backward, train, train_step
+from t2t_course.train.loop import train_one_epoch
 
 # A deterministic tiny model: transformer token layers (no dropout), no drop path.
 TINY = dict(tokens_type='transformer', embed_dim=32, depth=1, num_heads=2, mlp_ratio=2., token_dim=16)
@@ -30,6 +32,21 @@ def config(folder, output, batch_size):
     return TrainConfig(data=str(folder), model='t2t_vit_7', model_kwargs=TINY, img_size=16, batch_size=batch_size, epochs=2,
                        lr=0.05, drop_path=0., ema_decay=0.9, workers=0, deterministic=True, output=str(output),
                        data_preset='digits', progress=False, threads=1, device='cpu').resolve()  # equivalence is a CPU property
+
+
+def accumulation_run(folder, output, batch_size, accum, env=None) -> dict:
+    "One epoch of the loop in float64 (no dropout, drop path or mixing) at `batch_size` x `accum`: step count and weights."
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the model, its tables and its optimizer state in float64; the loop casts the images
+    try:
+        cfg = dataclasses.replace(config(folder, output, batch_size), grad_accum_steps=accum, mix_prob=0., epochs=1).resolve()
+        r = build_run(cfg, env)
+        r.stop = SimpleNamespace(signum=None, requested=False); r.vote = StopVote(r.stop)  # what `fit` sets
+        try: train_one_epoch(r)
+        finally:
+            if r.lock is not None: r.lock.release()
+        return dict(step=r.state.step, schedule=r.state.schedule.last_step, weights=r.state.model.state_dict())
+    finally: torch.set_default_dtype(old)
 
 
 def main(folder, out):
@@ -66,6 +83,8 @@ def main(folder, out):
     # 4. a whole (short) run: 2 processes x 4 images per step
     r = train(config(folder, Path(out) / 'run', batch_size=4))
     res['history'] = r.history
+    # 5. gradient accumulation under DDP: 2 x 4 images per process and step against 8, in float64
+    res['accum'] = [accumulation_run(folder, Path(out) / f'accum{n}', 8 // n, n, env) for n in (1, 2)]
     if env.is_main: torch.save(res, Path(out) / 'ddp.pt')
     dist.barrier()
     dist.destroy_process_group()

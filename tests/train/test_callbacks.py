@@ -35,3 +35,31 @@ def test_best_model_holds_what_best_pth_is_used_with(ema, folder, tmp_path):
     best_changed = [i for i in range(1, 4) if stamps.seen[i][0] != stamps.seen[i - 1][0]]
     folder_changed = [i for i in range(1, 4) if stamps.seen[i][1] != stamps.seen[i - 1][1]]
     assert best_changed == folder_changed                                          # rewritten together, and only then
+
+
+# ------------------------------------------------------------------ TensorBoard
+def test_tensorboard_event_files_read_back_and_a_resume_continues_the_steps(folder, tmp_path):
+    "`--log tensorboard`: the listed tags, by optimizer step; a run resumed from an earlier checkpoint drops what came after it."
+    import shutil
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out = tmp_path / 'run'
+    args = train_args(folder, out, '--log', 'tensorboard', '-b', '4')          # 16 steps an epoch
+    assert call(main, [*args, '--epochs', '1'])[0] == 0
+    shutil.copy(out / 'last.pth', tmp_path / 'epoch1.pth')
+    assert call(main, [*args, '--epochs', '3', '--resume', 'auto'])[0] == 0
+    shutil.copy(tmp_path / 'epoch1.pth', out / 'last.pth')                    # as if epochs 2-3 had died before their save
+    assert call(main, [*args, '--epochs', '3', '--resume', 'auto'])[0] == 0
+    ev = EventAccumulator(str(out)); ev.Reload()
+    assert set(ev.Tags()['scalars']) == {'train/loss', 'train/lr', 'train/images_per_s', 'val/loss', 'val/top1', 'val/top5',
+                                         'val/ema_top1'}
+    assert [e.step for e in ev.Scalars('val/top1')] == [16, 32, 48]            # once each, the replaced points purged
+    assert [e.step for e in ev.Scalars('train/loss')] == [16, 32, 48]              # at each epoch's end (16 < SYNC_EVERY)
+    assert all(e.value > 0 for e in ev.Scalars('train/images_per_s'))
+
+
+def test_tensorboard_missing_is_one_line(folder, tmp_path, monkeypatch):
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'tensorboard' else find(name, *a))
+    code, _, err = call(main, train_args(folder, tmp_path / 'run', '--log', 'tensorboard'))
+    assert code == 2 and "pip install 't2t-course[tensorboard]'" in err.strip().splitlines()[-1], err

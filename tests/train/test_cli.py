@@ -58,7 +58,7 @@ def test_bad_arguments_get_clear_messages(argv, message):
 
 def test_setup_errors_get_clear_messages(folder, tmp_path):
     code, _, err = call(main, ['--data', str(folder), *TINY_ARGS, '--batch-size', '1000', '--output', str(tmp_path / 'a')])
-    assert code == 2 and 'fewer than one global batch' in err, err
+    assert code == 2 and 'fewer than one batch of 1000 per process' in err, err
     code, _, err = call(main, ['--data', str(folder / 'train'), *TINY_ARGS])
     assert code == 2 and 'has no train/ folder' in err, err
     (tmp_path / 'b').mkdir(); (tmp_path / 'b' / 'last.pth').write_bytes(b'x')

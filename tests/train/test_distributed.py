@@ -67,6 +67,10 @@ def test_ddp_matches_a_single_process_on_the_combined_batch(folder, tmp_path):
     assert (h['val_acc1'], h['val_acc5']) == (m['acc1'], m['acc5']) and math.isclose(h['val_loss'], m['loss'], rel_tol=1e-5)
     r = train(config(folder, tmp_path / 'single', batch_size=8))
     assert math.isclose(r.history[0]['train_loss'], ddp['history'][0]['train_loss'], rel_tol=1e-3)
+    # gradient accumulation under DDP (no_sync on the first batch of each step): the same weights as the doubled batch
+    whole, acc = ddp['accum']
+    assert (whole['step'], acc['step'], acc['schedule']) == (4, 4, 4)
+    assert max_diff(whole['weights'], acc['weights']) < 1e-10
 
 
 @pytest.mark.parametrize('pipeline', ['pil', 'draft', 'fast'])
@@ -108,13 +112,17 @@ def _free_port():
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 
-def two_processes(fault, args, tmp_path):
-    "Start a 2-process gloo run as torchrun would (the environment), without torchrun: the test controls each process."
+def two_processes(fault, args, tmp_path, launcher='torchrun'):
+    "Start a 2-process gloo run as torchrun (or SLURM's srun, one task each) would (the environment), without either."
     if '--device' not in args: args = [*args, '--device', 'cpu']  # gloo on the CPU, on a GPU machine too
     port, procs = _free_port(), []
     for rank in (0, 1):
-        env = dict(os.environ, WORLD_SIZE='2', RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE='2',
-                   MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+        where = (dict(WORLD_SIZE='2', RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE='2', MASTER_ADDR='127.0.0.1')
+                 if launcher == 'torchrun' else  # srun: SLURM's variables; the host from the node list, the port given
+                 dict(SLURM_NTASKS='2', SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NODEID='0',
+                      SLURM_JOB_ID='4242', SLURM_JOB_NODELIST='localhost', SLURM_TASKS_PER_NODE='2'))
+        env = dict({k: v for k, v in os.environ.items() if not k.startswith('SLURM_')}, **where, MASTER_PORT=str(port),
+                   OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
         procs.append(WarmPopen([PY, *FAULT, fault, '--', *args], cwd=REPO, env=env, text=True,
                                 stdout=open(tmp_path / f'out{rank}.txt', 'w'), stderr=open(tmp_path / f'err{rank}.txt', 'w')))
     return procs
@@ -128,6 +136,33 @@ def _finish(procs, timeout, grace:float=0.):
             try: p.wait(timeout=grace)
             except subprocess.TimeoutExpired: pass
             if p.poll() is None: p.kill(); p.wait()
+
+
+def _metrics(path):
+    "metrics.csv without its timings."
+    import csv
+    return [{k: v for k, v in row.items() if k not in ('epoch_time_s', 'train_images_per_s')} for row in csv.DictReader(open(path))]
+
+
+def test_slurm_tasks_train_as_torchrun_processes_do(folder, tmp_path):
+    "Two processes started with SLURM's variables (srun, one task each) train as torchrun's two do: the same metrics.csv."
+    args = ['--epochs', '2', '--deterministic', '--mix-prob', '0']
+    for launcher in ('torchrun', 'slurm'):
+        out = tmp_path / launcher
+        procs = two_processes('none', train_args(folder, out, *args), tmp_path, launcher)
+        assert _finish(procs, timeout=200, grace=30) == 0 and procs[1].returncode == 0, (tmp_path / 'err0.txt').read_text()[-3000:]
+        assert '2 process(es) on cpu, global batch 16' in (tmp_path / 'out0.txt').read_text()
+    assert _metrics(tmp_path / 'slurm' / 'metrics.csv') == _metrics(tmp_path / 'torchrun' / 'metrics.csv')
+
+
+def test_a_lone_slurm_task_is_one_process(folder, tmp_path, monkeypatch):
+    "SLURM_NTASKS=1 (a job script run as one task, or srun -n 1): one process, no process group."
+    from t2t_course.train.cli import main
+    from tests.support.commands import call
+    for k, v in dict(SLURM_NTASKS='1', SLURM_PROCID='0', SLURM_LOCALID='0', SLURM_JOB_ID='7', SLURM_JOB_NODELIST='node01').items():
+        monkeypatch.setenv(k, v)
+    code, out, err = call(main, train_args(folder, tmp_path / 'run', '--epochs', '1'))
+    assert code == 0 and '1 process(es) on cpu, global batch 8' in out, err
 
 
 @pytest.mark.parametrize('fault', ['stop@1:3', 'kill@1:3'])  # a hung peer (SIGSTOP), a dead one (SIGKILL)

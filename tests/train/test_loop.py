@@ -197,3 +197,27 @@ def test_cuda_compiled_run(folder, tmp_path):
                           compile=True, device='cuda', output=str(tmp_path / 'c'), progress=False))
     ck = torch.load(r.checkpoint, weights_only=True)
     assert not any(k.startswith('_orig_mod.') for k in ck['state_dict'])  # saved from the uncompiled module
+
+
+# ------------------------------------------------------------------ gradient accumulation
+def test_grad_accumulation_matches_the_doubled_batch_in_float64(folder, tmp_path):
+    "2 batches of 8 per optimizer step give the weights of one batch of 16, to rounding; a short last group still steps."
+    from tests.support.ddp_worker import accumulation_run
+    whole, acc = (accumulation_run(folder, tmp_path / f'n{n}', 16 // n, n) for n in (1, 2))
+    assert (whole['step'], acc['step'], acc['schedule']) == (4, 4, 4)
+    assert max(abs(whole['weights'][k] - acc['weights'][k]).max().item() for k in whole['weights']) < 1e-10
+    three = accumulation_run(folder, tmp_path / 'n3', 8, 3)      # 8 batches in groups of 3, 3 and 2
+    assert (three['step'], three['schedule']) == (3, 3)
+
+
+def test_grad_accumulation_on_the_command_line(folder, tmp_path):
+    "The header says what the global batch is made of; the learning rate follows it; config.json records it."
+    import json
+    code, out, err = call(main, train_args(folder, tmp_path / 'run', '--epochs', '1', '--grad-accum-steps', '2', '--lr', '0.1'))
+    assert code == 0, err
+    assert 'global batch 16 = 8 x 1 x 2 batches accumulated' in out and '1 epochs of 4 steps (8 batches)' in out, out
+    saved = json.loads((tmp_path / 'run' / 'config.json').read_text())
+    assert (saved['grad_accum_steps'], saved['launch']['global_batch'], saved['launch']['steps_per_epoch']) == (2, 16, 4)
+    assert math.isclose(saved['launch']['peak_lr'], 0.1 * 16 / 512)
+    code, _, err = call(main, train_args(folder, tmp_path / 'bad', '--grad-accum-steps', '0'))
+    assert code == 2 and 'grad_accum_steps must be a positive int' in err.strip().splitlines()[-1], err  # argparse's usage, then one line

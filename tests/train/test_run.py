@@ -67,7 +67,7 @@ def test_resume_keeps_this_runs_schedule_and_hyper_parameters(folder, tmp_path):
     code, stdout, err = call(main, ['--data', str(folder), *RESUME_ARGS, '--workers', '0', '--epochs', '4', '--lr', '0.4',
                                     '--weight-decay', '0.01', '--ema-decay', '0.5', '--output', str(out), '--resume', 'auto'])
     assert code == 0, err
-    assert 'the learning-rate schedule differs' in stdout and 'decay_steps 16 -> 32' in stdout
+    assert "the learning-rate schedule is this run's" in stdout and 'decay_steps 16 -> 32' in stdout
     ck = torch.load(out / 'last.pth', weights_only=True)
     assert ck['epoch'] == 4 and ck['step'] == 32
     assert ck['scheduler']['peak_lr'] == pytest.approx(scale_lr(0.4, 8)) and ck['scheduler']['decay_steps'] == 32
@@ -129,3 +129,22 @@ def test_bad_architecture_overrides_get_one_line(folder, tmp_path):
     p = run(['-m', 't2t_course.train', *train_args(folder, tmp_path / 'a', '--epochs', '1'), '--model-kwargs', 'depth=-1'])
     assert p.returncode == 2 and "cannot build t2t_vit_7 with" in p.stderr and 'depth' in p.stderr, p.stderr
     no_traceback(p.stderr)
+
+
+# ------------------------------------------------------------------ another global batch at an epoch's end
+@pytest.mark.parametrize('before,after', [(16, 8), (8, 16)])
+def test_a_resume_with_another_batch_continues_the_schedule_at_the_same_epoch(folder, tmp_path, before, after):
+    "The learning rates of the epochs after the change equal those of a run that used the new batch from the start."
+    import json
+    common = ['--epochs', '3', '--warmup-epochs', '1', '--lr', '0.1']
+    out = tmp_path / 'changed'
+    assert call(main, train_args(folder, out, *common, '-b', str(before), '--epochs', '1'))[0] == 0
+    code, printed, err = call(main, train_args(folder, out, *common, '-b', str(after), '--resume', 'auto'))
+    assert code == 0, err
+    assert f"steps per epoch {64 // before} -> {64 // after}" in printed and 'the schedule continues at epoch 1 of 3' in printed
+    assert call(main, train_args(folder, tmp_path / 'ref', *common, '-b', str(after)))[0] == 0
+    lrs = lambda p: [float(r['lr']) for r in csv.DictReader(open(p / 'metrics.csv'))]
+    assert lrs(out)[1:] == lrs(tmp_path / 'ref')[1:]
+    saved = json.loads((out / 'config.json').read_text())       # rewritten by the resume, with its notes
+    assert saved['batch_size'] == after and saved['resumed']['epoch'] == 1
+    assert any('steps per epoch' in n for n in saved['resumed']['notes'])
