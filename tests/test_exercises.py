@@ -1,0 +1,142 @@
+"""Part I's exercises make the learner practise: every Part I notebook has, in its "## Exercises" section, a build-it
+exercise, a change-and-observe experiment and a questionnaire, with the solutions and answers hidden.
+
+The conventions the tests read (each notebook follows them):
+- **build it**: a markdown cell `### Build it: <what>`; a visible code cell whose first line is `# Build it: <what>`, the
+  blank (a function whose body raises `NotImplementedError`); right after it a hidden cell `# Solution: <what>` that
+  defines the same functions; then a visible `# Check: <what>` that compares the learner's function with the
+  library's and raises an `AssertionError` saying "not built yet" while the blank is still the blank. `nbdev_test` runs
+  blank, solution, check in that order, so the check passes in CI; `test_check_fails_on_the_blank` runs blank then
+  check (it must fail) and solution then check (it must pass).
+- **change and observe**: a markdown cell `### Change and observe: <what>` that asks a question, a visible code cell
+  that runs the experiment, then a hidden code cell `# Answer: ...` whose comments answer and whose asserts check it.
+- **questionnaire**: a markdown cell `### Questionnaire` of 5 to 10 numbered questions, then a hidden markdown cell with
+  as many numbered answers inside `<details>`, the last two cells of the section.
+
+A hidden cell has `metadata.jupyter.source_hidden` and the `hide-cell` tag, as every hidden solution of the course.
+Running blank and check takes the notebook's import statements (those at the top level of its earlier code cells) and
+the three cells, nothing else; on one chapter by default, on all under `--runslow`.
+"""
+import ast, json, re
+from pathlib import Path
+
+import pytest
+
+NBS = Path(__file__).resolve().parents[1] / 'nbs'
+PART_I = ['00_overview', '00_core', '01_hard_split', '02_soft_split', '03_attention', '04_t2t_layer', '05_performer',
+          '06_t2t_module', '07_backbone', '09b_train', '10_design_space']
+CHEAPEST = '01_hard_split'  # its blank and check run in milliseconds; the rest run under --runslow
+
+
+def src(cell) -> str: return ''.join(cell['source'])
+
+
+def hidden(cell) -> bool:
+    md = cell.get('metadata', {})
+    return md.get('jupyter', {}).get('source_hidden') is True and 'hide-cell' in md.get('tags', [])
+
+
+def load(nb) -> list: return json.loads((NBS / f'{nb}.ipynb').read_text(encoding='utf-8'))['cells']
+
+
+def section(cells) -> tuple:
+    "(start, end): the cells of the '## Exercises' section, from its heading to the next '## ' heading."
+    heads = [i for i, c in enumerate(cells) if c['cell_type'] == 'markdown' and src(c).startswith('## Exercises\n')]
+    assert len(heads) == 1, f"expected one '## Exercises' heading, found {len(heads)}"
+    start = heads[0]
+    end = next((i for i in range(start + 1, len(cells))
+                if cells[i]['cell_type'] == 'markdown' and re.match(r'## ', src(cells[i]))), len(cells))
+    return start, end
+
+
+def marker(cell, word) -> str:
+    "The <what> of a code cell whose first line is `# <word>: <what>`, or None."
+    m = re.match(rf'# {word}: (.+)', src(cell)) if cell['cell_type'] == 'code' else None
+    return m[1].strip() if m else None
+
+
+def build_its(cells) -> list:
+    "(index of the blank, what) for each build-it exercise, each checked for its shape: md, blank, solution, check."
+    found = []
+    for i, c in enumerate(cells):
+        what = marker(c, 'Build it')
+        if what is None: continue
+        assert i + 2 < len(cells), f"'# Build it: {what}' has no solution and check after it"
+        sol, check = cells[i + 1], cells[i + 2]
+        assert marker(sol, 'Solution') == what, f"the cell after '# Build it: {what}' must start '# Solution: {what}'"
+        assert marker(check, 'Check') == what, f"the cell after the solution must start '# Check: {what}'"
+        assert hidden(sol) and not hidden(c) and not hidden(check), f"{what}: the solution hidden, blank and check visible"
+        assert 'NotImplementedError' in src(c), f"{what}: the blank must raise NotImplementedError"
+        assert 'not built yet' in src(check), f"{what}: the check must say 'not built yet' while the blank is blank"
+        defs = lambda cell: {n.name for n in ast.parse(src(cell)).body if isinstance(n, ast.FunctionDef)}
+        assert defs(c) and defs(c) <= defs(sol), f"{what}: the solution must define the blank's functions {defs(c)}"
+        intro = cells[i - 1]  # its heading names the same piece (code spans aside)
+        assert intro['cell_type'] == 'markdown' and src(intro).replace('`', '').startswith(f'### Build it: {what}'), \
+            f"'# Build it: {what}' must follow a markdown cell '### Build it: {what}'"
+        found.append((i, what))
+    return found
+
+
+@pytest.fixture(params=PART_I)
+def exercises(request):
+    "The notebook's name and the cells of its Exercises section."
+    cells = load(request.param)
+    start, end = section(cells)
+    return request.param, cells[start:end]
+
+
+def test_build_it(exercises):
+    nb, cells = exercises
+    assert build_its(cells), f"{nb}: no build-it exercise (a code cell starting '# Build it: ...')"
+
+
+def test_change_and_observe(exercises):
+    nb, cells = exercises
+    starts = [i for i, c in enumerate(cells) if c['cell_type'] == 'markdown' and src(c).startswith('### Change and observe')]
+    assert starts, f"{nb}: no '### Change and observe' experiment"
+    for i in starts:
+        assert '?' in src(cells[i]), f"{nb}: the experiment must ask its question first"
+        run, answer = cells[i + 1], cells[i + 2]
+        assert run['cell_type'] == 'code' and not hidden(run), f"{nb}: a visible code cell must run the experiment"
+        assert marker(answer, 'Answer') is not None and hidden(answer), f"{nb}: the answer must follow, hidden, '# Answer: ...'"
+
+
+def test_questionnaire(exercises):
+    nb, cells = exercises
+    q, a = cells[-2], cells[-1]
+    assert q['cell_type'] == 'markdown' and src(q).startswith('### Questionnaire'), \
+        f"{nb}: the section must end with a '### Questionnaire' and its hidden answers"
+    n_q = len(re.findall(r'^\d+\. ', src(q), flags=re.M))
+    assert 5 <= n_q <= 10, f"{nb}: {n_q} questions, want 5 to 10"
+    assert a['cell_type'] == 'markdown' and hidden(a) and '<details>' in src(a), f"{nb}: the answers must be hidden"
+    assert len(re.findall(r'^\d+\. ', src(a), flags=re.M)) == n_q, f"{nb}: one answer per question"
+
+
+def imports_before(cells, stop) -> str:
+    "The top-level import statements of the code cells before `stop`, as one program."
+    lines = []
+    for c in cells[:stop]:
+        if c['cell_type'] != 'code': continue
+        try: tree = ast.parse(src(c))
+        except SyntaxError: continue  # a cell with IPython magics
+        lines += [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return '\n'.join(lines)
+
+
+def run(nb, code, ns, name):
+    exec(compile(code, f'<{nb}: {name}>', 'exec'), ns)
+
+
+@pytest.mark.parametrize('nb', [pytest.param(nb, marks=[] if nb == CHEAPEST else [pytest.mark.slow]) for nb in PART_I])
+def test_check_fails_on_the_blank(nb):
+    "With the blank in place of the solution the check raises 'not built yet'; with the solution it passes."
+    cells = load(nb)
+    start, end = section(cells)
+    for i, what in build_its(cells[start:end]):
+        blank, solution, check = (src(cells[start + i + k]) for k in range(3))
+        ns = {'__name__': '__main__'}
+        run(nb, imports_before(cells, start + i), ns, 'imports')
+        run(nb, blank, ns, 'blank')
+        with pytest.raises(AssertionError, match='not built yet'): run(nb, check, ns, f'check of {what}')
+        run(nb, solution, ns, 'solution')
+        run(nb, check, ns, f'check of {what}')  # passes
