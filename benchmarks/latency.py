@@ -17,8 +17,10 @@ Paths:
 - `compile`:  `torch.compile(model, dynamic=False)` of the same model (one static graph per batch size);
 - `ort`:      ONNX Runtime fp32 on an ONNX file from `t2t_course.deploy.export_onnx` (dynamic batch, height, width;
               torchvision's models through the same `torch.onnx.export` call);
-- `ort_int8`: that file through `onnxruntime.quantization.quantize_dynamic` (int8 weights, activations quantized on
-              the fly); the CSV's `quantized_ops` says which operators it replaced (e.g. `MatMul 48/74`);
+- `ort_int8`: that file quantized by `t2t_course.deploy.quantize_onnx` (what `export_onnx(..., quantize='int8')` does:
+              onnxruntime's `quantize_dynamic` on MatMul and Gemm, int8 weights, activations quantized on the fly;
+              convolutions stay float, as ONNX Runtime's ConvInteger is slower than its float Conv on a CPU); the CSV's
+              `quantized_ops` says which operators it replaced (e.g. `Gemm 1/1; MatMul 68/104`);
 - `bf16`:     PyTorch eager with the model and input in bfloat16 (`.to(torch.bfloat16)`), measured only where the CPU
               has native bf16 matrix units (avx512_bf16 or amx_bf16 in /proc/cpuinfo; `--force-bf16` measures anyway).
 
@@ -239,30 +241,20 @@ def measure_worker(model:str, path:str, threads:int, all_cores:bool=True, one_th
 
 
 def export(model, path, size:int) -> Path:
-    "The library's `export_onnx` for the course's models; torchvision's through the same `torch.onnx.export` call."
-    import torch
-    from t2t_course.deploy import export_onnx, dynamic_image_shapes
-    if hasattr(model, 'default_cfg'): return export_onnx(model, path, img_size=size)
-    import contextlib, io, warnings
-    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        torch.onnx.export(model, (x,), dynamo=True, input_names=['image'], output_names=['logits'],
-                          dynamic_shapes=dynamic_image_shapes()).save(str(path))
-    return Path(path)
+    "The library's `export_onnx`, for the course's models and torchvision's alike (these have no `default_cfg`)."
+    from t2t_course.deploy import export_onnx
+    return export_onnx(model, path, img_size=size)
 
 
-def quantized_ops(fp32_path, int8_path) -> str:
-    "The operator types quantize_dynamic replaced, as 'Op replaced/total' (e.g. 'MatMul 48/74; Gemm 1/1')."
-    import collections, onnx
-    count = lambda p: collections.Counter(n.op_type for n in onnx.load(str(p), load_external_data=False).graph.node)
-    a, b = count(fp32_path), count(int8_path)
-    return '; '.join(f'{op} {a[op] - b[op]}/{a[op]}' for op in sorted(a) if b[op] < a[op]) or 'none'
+def quantize(fp32_path, int8_path, images=None) -> dict:
+    "The library's int8 file (`quantize_onnx`: MatMul and Gemm) of an fp32 one; its report, with `ops` as 'Gemm 1/1; MatMul 68/104'."
+    from t2t_course.deploy import quantize_onnx
+    report = quantize_onnx(fp32_path, int8_path, images=images)
+    return report | dict(ops='; '.join(f'{op} {n}' for op, n in report['replaced'].items()) or 'none')
 
 
 def prepare_worker(model:str, workdir:str, paths:list) -> dict:
     "Parameters, MACs and paper top-1 of `model`; its ONNX files (fp32, int8) in `workdir` when `paths` need them."
-    import logging, warnings
     import torch
     from t2t_course.models.backbone import count_macs
     m, size = build(model)
@@ -275,14 +267,10 @@ def prepare_worker(model:str, workdir:str, paths:list) -> dict:
         fp32 = export(m, Path(workdir) / f'{model}.onnx', size)
         out['onnx'], out['export_s'], out['onnxruntime'] = str(fp32), time.perf_counter() - t0, onnxruntime.__version__
         if 'ort_int8' in paths:
-            from onnxruntime.quantization import quantize_dynamic
-            logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process first: we quantize the file as exported
             t0 = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter('ignore')
-                quantize_dynamic(str(fp32), str(Path(workdir) / f'{model}.int8.onnx'))
-            out['onnx_int8'], out['quantize_s'] = str(Path(workdir) / f'{model}.int8.onnx'), time.perf_counter() - t0
-            out['quantized_ops'] = quantized_ops(fp32, out['onnx_int8'])
+            out['onnx_int8'] = str(Path(workdir) / f'{model}.int8.onnx')
+            out['quantized_ops'] = quantize(fp32, out['onnx_int8'], images=torch.randn(2, 3, size, size))['ops']
+            out['quantize_s'] = time.perf_counter() - t0
     return out
 
 
@@ -375,10 +363,9 @@ def trained_model(label:str, seed:int=0, study=STUDY):
 
 def accuracy_worker(labels=ACCURACY_MODELS, workdir:str=None, batch:int=256) -> list:
     "Top-1 of each trained model on the validation digits: fp32 eager, bf16 eager, ONNX Runtime fp32 and int8."
-    import logging, warnings
+    import logging
     import numpy as np, torch
     import onnxruntime as ort
-    from onnxruntime.quantization import quantize_dynamic
     from t2t_course.data import create_datasets, data_root
     workdir = Path(workdir or tempfile.mkdtemp(prefix='t2t_latency_acc_'))
     logging.getLogger().setLevel(logging.ERROR)
@@ -392,8 +379,7 @@ def accuracy_worker(labels=ACCURACY_MODELS, workdir:str=None, batch:int=256) -> 
         y = torch.cat(ys)
         fp32 = export(model, workdir / f'{label}.onnx', size)
         int8 = workdir / f'{label}.int8.onnx'
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore'); quantize_dynamic(str(fp32), str(int8))
+        ops = quantize(fp32, int8, images=xs[0][:8])['ops']
         def ort_logits(p):
             s = ort.InferenceSession(str(p), providers=['CPUExecutionProvider'])
             return torch.from_numpy(np.concatenate([s.run(None, {'image': x.numpy()})[0] for x in xs]))
@@ -402,7 +388,7 @@ def accuracy_worker(labels=ACCURACY_MODELS, workdir:str=None, batch:int=256) -> 
             bf = model.to(torch.bfloat16)
             logits = {'fp32': ref, 'bf16': torch.cat([bf(x.bfloat16()).float() for x in xs]),
                       'ort': ort_logits(fp32), 'ort_int8': ort_logits(int8)}
-        top_ref, ops = (ref.argmax(1) == y).float().mean().item() * 100, quantized_ops(fp32, int8)
+        top_ref = (ref.argmax(1) == y).float().mean().item() * 100
         for path, lg in logits.items():
             top1 = (lg.argmax(1) == y).float().mean().item() * 100
             rows.append(dict(model=label, variant=row['variant'], path=path, top1=top1, delta_top1=top1 - top_ref,

@@ -3,6 +3,7 @@
     python benchmarks/models.py                  # CPU fp32, batch 8 at 224 px (1-3 minutes on 2 cores)
     python benchmarks/models.py --quick          # fewer repetitions, a smoke run of every measurement
     python benchmarks/models.py --device cuda    # on a GPU
+    python benchmarks/models.py --share-only     # only the GEMM share and the operator profile (under a minute)
 
 The two paths differ only in the model's fast-path switches (`t2t_course.core.set_fast_paths`), all on or all off:
 
@@ -22,7 +23,14 @@ Measurements, each printed with the requirement it answers (PASS/FAIL):
    AdamW (as the official script does): the same update, and the table shows the model's and the optimizer's
    shares of the speed-up separately;
 3. forward peak memory of t2t_vit_t_14 at 384 px, batch 8 (default at most half the naive path's);
-4. throughput (img/s) of the default path for t2t_vit_7, t2t_vit_14 and t2t_vit_t_14, inference and training.
+4. throughput (img/s) of the default path for t2t_vit_7, t2t_vit_14 and t2t_vit_t_14, inference and training;
+5. on CPU, the share of the machine's matrix-multiplication throughput that T2T-ViT-14's default inference path
+   reaches (batch 8 at 224 px; >= 0.88): the model's achieved FLOP/s, 2 x its MACs per image (`count_macs`, counted as
+   fvcore counts: every token through every block) x the batch over the time of a forward pass, divided by the FLOP/s
+   of a square float32 matmul (2048 x 2048, 2 n^3 FLOPs) at the same thread count, in the same process, the two
+   alternating round by round, each its fastest round (`--model`, `--img-size`, `--gemm-size` change them); and
+   where the forward pass's time goes by operator kind (GEMM, attention, normalisation, activation, gather/copy,
+   other), each operator's self time in `torch.profiler` over a few forward passes.
 
 How it measures. Times: both paths live in one process, on identical weights; their calls alternate in rounds so
 that both see the same machine load, and each path's estimate is its fastest round (the minimum is the estimate
@@ -142,12 +150,121 @@ def memory(name, fast, **kw):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+# ---------------------------------------------------------------- the GEMM share and the operator profile
+def gemm_flops(n:int=2048, dtype=torch.float32) -> float:
+    "FLOP/s of one square n x n matmul (2 n^3 FLOPs) at torch's current thread count: a call to time with `_best`."
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    return (lambda: torch.mm(a, b, out=out)), 2 * n ** 3
+
+
+def _best(calls:list, rounds:int) -> list:
+    "Fastest wall time (s) of each call, the calls alternating round by round (after one warm-up each)."
+    for c in calls: c()
+    best = [float('inf')] * len(calls)
+    for _ in range(rounds):
+        for i, c in enumerate(calls):
+            t0 = time.perf_counter(); c(); best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def executed_flops(model, x) -> int:
+    "FLOPs of the matmuls and attention the forward pass really runs (torch's FlopCounterMode; the cls-only last block counted as run)."
+    from torch.utils import flop_counter
+    from t2t_course.models.backbone import _register_cpu_sdpa_flops
+    _register_cpu_sdpa_flops()
+    with torch.no_grad(), flop_counter.FlopCounterMode(display=False) as fc: model(x)
+    return fc.get_total_flops()
+
+
+def gemm_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5) -> dict:
+    "The default path's inference FLOP/s (2 x `count_macs` x batch / time) over a square float32 matmul's, in one process."
+    from t2t_course.models.backbone import count_macs
+    torch.manual_seed(0)
+    model = create_model(name, img_size=size).eval()
+    macs = count_macs(model, size)['total']
+    x = torch.randn(batch, 3, size, size)
+    def forward():
+        with torch.no_grad(): model(x)
+    mm, mm_flops = gemm_flops(gemm_n)
+    t_model, t_mm = _best([forward, mm], rounds)
+    model_flops, peak = 2 * macs * batch / t_model, mm_flops / t_mm
+    run_flops = batch * executed_flops(model, x[:1])  # matmuls and attention only, as run
+    return dict(model=name, batch=batch, size=size, threads=torch.get_num_threads(), macs=macs, model_s=t_model,
+                model_flops=model_flops, gemm_n=gemm_n, gemm_flops=peak, share=model_flops / peak,
+                matmul_share=run_flops / t_model / peak)
+
+
+# operator kind: aten names (without 'aten::'), matched exactly, else by the patterns in order
+OP_KINDS = {
+    'GEMM': ('addmm', 'mm', 'bmm', 'baddbmm', 'matmul', 'linear', 'einsum', 'mkldnn_linear', '_linear_pointwise'),
+    'attention': ('scaled_dot_product_attention', '_scaled_dot_product_flash_attention_for_cpu',
+                  '_scaled_dot_product_attention_math', 'softmax', '_softmax', 'exp', 'exp_'),
+    'normalisation': ('layer_norm', 'native_layer_norm'),
+    'activation': ('gelu', 'relu', 'relu_', 'silu', 'sigmoid', 'tanh'),
+    'gather/copy': ('copy_', 'cat', 'clone', 'contiguous', 'im2col', 'col2im', 'unfold', 'index', 'index_select',
+                    'gather', '_to_copy', 'to', 'constant_pad_nd', 'pad', 'fill_', 'zero_', 'zeros', 'empty',
+                    'empty_strided', 'empty_like', 'reshape', 'flatten', 'repeat', 'stack'),
+}
+KINDS = (*OP_KINDS, 'other')
+
+
+def op_kind(name:str) -> str:
+    "The kind of a profiler event's operator (`aten::addmm` -> 'GEMM'); 'other' for the rest (views, add, mul, ...)."
+    op = name.split('::')[-1]
+    return next((k for k, ops in OP_KINDS.items() if op in ops), 'other')
+
+
+def op_profile(name='t2t_vit_14', batch=8, size=224, calls=3) -> dict:
+    "Self CPU time of each operator over `calls` forward passes of the default path (torch.profiler), summed by kind: {kind: (ms per call, share, top ops)}."
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    model = create_model(name, img_size=size).eval()
+    x = torch.randn(batch, 3, size, size)
+    with torch.no_grad():
+        model(x)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(calls): model(x)
+    per_op = {}
+    for e in prof.key_averages():
+        if e.key.startswith('aten::'): per_op[e.key[6:]] = per_op.get(e.key[6:], 0.) + e.self_cpu_time_total / 1e3 / calls
+    total = sum(per_op.values())
+    out = {}
+    for kind in KINDS:
+        ops = sorted(((ms, op) for op, ms in per_op.items() if op_kind(op) == kind), reverse=True)
+        ms = sum(m for m, _ in ops)
+        out[kind] = (ms, ms / total, [(op, m / total) for m, op in ops[:3] if m / total >= 0.005])
+    return out
+
+
+def print_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5, goal=0.88) -> bool:
+    "Print the GEMM share and the operator profile; True if the share meets `goal`."
+    r = gemm_share(name, batch, size, gemm_n, rounds)
+    ok = r['share'] >= goal
+    print(f"\nGEMM share, {name} inference (default path, fp32, batch {batch} at {size} px, {r['threads']} threads):")
+    print(f"  square float32 matmul {gemm_n} x {gemm_n}: {r['gemm_flops'] / 1e9:7.1f} GFLOP/s (best of {rounds} rounds)")
+    print(f"  model: 2 x {r['macs'] / 1e9:.3f} GMACs x {batch} images in {r['model_s'] * 1e3:.1f} ms = "
+          f"{r['model_flops'] / 1e9:7.1f} GFLOP/s")
+    print(f"  share {r['share']:.2f} (required >= {goal:.2f})  {'PASS' if ok else 'FAIL'}   "
+          f"(the matmuls and attention the pass really runs, FlopCounterMode: {r['matmul_share']:.2f})")
+    prof = op_profile(name, batch, size)
+    total = sum(ms for ms, _, _ in prof.values())
+    print(f"  where the time goes (torch.profiler, self time by operator kind, {total:.0f} ms per call with the profiler on):")
+    for kind, (ms, share, top) in prof.items():
+        print(f"    {kind:<14} {100 * share:5.1f}%  {ms:7.1f} ms   " + ', '.join(f"{op} {100 * s:.1f}%" for op, s in top))
+    return ok
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--device', default='cpu', help='cpu or cuda (default: cpu)')
     p.add_argument('--batch-size', type=int, default=8, help='images per call (default: 8)')
     p.add_argument('--rounds', type=int, default=4, help='alternating rounds per comparison (default: 4)')
     p.add_argument('--quick', action='store_true', help='one round each and a 2-image memory check: a smoke run')
+    p.add_argument('--share-only', action='store_true', help='only the GEMM share and the operator profile (CPU)')
+    p.add_argument('--model', default='t2t_vit_14', help='the model of the GEMM share (default: t2t_vit_14)')
+    p.add_argument('--img-size', type=int, default=224, help='image size of the GEMM share (default: 224)')
+    p.add_argument('--gemm-size', type=int, default=2048, help='side of the square matmul it divides by (default: 2048)')
     p.add_argument('--memory-worker', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_worker:
@@ -155,6 +272,9 @@ def main(argv=None):
     if args.device.startswith('cuda') and not torch.cuda.is_available(): p.error('--device cuda: no CUDA GPU is available')
     rounds, mem_batch = (1, 2) if args.quick else (args.rounds, args.batch_size)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, fp32, batch {args.batch_size}")
+    if args.share_only:
+        if args.device != 'cpu': p.error('--share-only measures the CPU')
+        return 0 if print_share(args.model, args.batch_size, args.img_size, args.gemm_size, max(rounds, 2)) else 1
     results, ok = [], True
     print(f"\n{'model':<14} {'mode':<6} {'default (s)':>11} {'naive (s)':>10} {'speed-up':>9} {'required':>9}"
           f"        {'model alone':>11} {'optimizer step (s)':>19}")
@@ -178,6 +298,7 @@ def main(argv=None):
     for name in ('t2t_vit_7', 't2t_vit_14', 't2t_vit_t_14'):
         t = throughput(name, args.device, args.batch_size, 224, max(rounds - 1, 1))
         print(f"  {name:<14} inference {t['infer']:>7.1f}   training step {t['train']:>7.1f}")
+    if args.device == 'cpu': ok &= print_share(args.model, args.batch_size, args.img_size, args.gemm_size, max(rounds, 2))
     print(f"\n{'all requirements met' if ok else 'SOME REQUIREMENTS FAILED'}")
     return 0 if ok else 1
 

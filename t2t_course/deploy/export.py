@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['dynamic_image_shapes', 'export_program', 'export_onnx', 'check_onnx', 'eval_preprocessing', 'write_onnx_metadata',
-           'read_onnx_metadata']
+           'read_onnx_metadata', 'quantize_onnx']
 
 # %% ../../nbs/24a_export.ipynb #dd6ca0b0
 import contextlib, io, json, warnings
@@ -17,9 +17,14 @@ import torch.nn as nn
 from ..core import to_2tuple
 
 # %% ../../nbs/24a_export.ipynb #a93cb41a
+def _cfg(model:nn.Module) -> dict:
+    "The model's `default_cfg` (timm's `pretrained_cfg` where that is what it has), or `{}`: a torchvision model has none."
+    return getattr(model, 'default_cfg', None) or getattr(model, 'pretrained_cfg', None) or {}
+
 def _example(model:nn.Module, img_size=None, batch:int=2) -> torch.Tensor:  # (batch, C, H, W)
-    "An example input for tracing: the model's `default_cfg` input size, or `img_size`."
-    c, h, w = model.default_cfg['input_size'] if img_size is None else (getattr(model, 'in_chans', 3), *to_2tuple(img_size))
+    "An example input for tracing: `img_size`, or the input size of the model's `default_cfg` (224 px where it has none)."
+    in_chans = getattr(model, 'in_chans', 3)
+    c, h, w = (_cfg(model).get('input_size', (in_chans, 224, 224)) if img_size is None else (in_chans, *to_2tuple(img_size)))
     p = next(model.parameters())
     return torch.randn(batch, c, h, w, generator=torch.Generator().manual_seed(0)).to(p.device, p.dtype)
 
@@ -51,9 +56,17 @@ def export_onnx(model:nn.Module,    # any model of the course
                 min_size:int=32, max_size:int=1024, max_batch:int=1024,  # the ranges of H, W and B
                 verbose:bool=False, # show the exporter's progress messages
                 label_names=None,   # a name per class; None: the model's (`default_cfg['label_names']`), if it has them
+                quantize:str=None,  # None: fp32; 'int8': the MatMul and Gemm weights in int8 (`quantize_onnx`, below)
+                check_images=None,  # with `quantize`: (B, C, H, W) inputs its top-1 is checked on against fp32; None: 8 random ones
                ) -> Path:
     "Export `model` to an ONNX file with a dynamic batch, height and width (input 'image', output 'logits'), its preprocessing and class names inside."
+    if quantize not in (None, 'int8'): raise ValueError(f"quantize={quantize!r}: None (fp32) or 'int8'")
     path, model = Path(path), model.eval()
+    if quantize:  # the fp32 file first, beside the int8 one, then quantized and removed
+        fp32 = export_onnx(model, path.with_name(path.stem + '.fp32.tmp.onnx'), img_size, min_size, max_size, max_batch, verbose, label_names)
+        try: quantize_onnx(fp32, path, images=_example(model, img_size, 8) if check_images is None else check_images)
+        finally: fp32.unlink(missing_ok=True)
+        return path
     out = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with out, warnings.catch_warnings():
         if not verbose: warnings.simplefilter('ignore')
@@ -61,9 +74,10 @@ def export_onnx(model:nn.Module,    # any model of the course
                                     output_names=['logits'], dynamic_shapes=dynamic_image_shapes(min_size, max_size, max_batch))
         _fold_constants(program.model)  # the exporter's own optimizer would drop the Performer's eps (see below)
         program.save(str(path))
-    cfg = model.default_cfg
+    cfg = _cfg(model)
     labels = label_names if label_names is not None else cfg.get('label_names')
-    meta = dict(architecture=cfg.get('architecture'), num_classes=getattr(model, 'num_classes', None), preprocessing=eval_preprocessing(cfg))
+    meta = dict(architecture=cfg.get('architecture', type(model).__name__), num_classes=getattr(model, 'num_classes', None))
+    if {'input_size', 'mean', 'std'} <= set(cfg): meta['preprocessing'] = eval_preprocessing(cfg)  # (below) none is invented
     return write_onnx_metadata(path, meta | ({'label_names': [str(c) for c in labels]} if labels else {}))  # (below)
 
 def check_onnx(path,                 # an ONNX file from `export_onnx`
@@ -118,3 +132,40 @@ def read_onnx_metadata(source) -> dict:  # key -> value (JSON decoded where it i
         try: return json.loads(v)
         except ValueError: return v
     return {k: decode(v) for k, v in props.items()}
+
+# %% ../../nbs/24a_export.ipynb #29200024
+def _op_counts(path) -> dict:
+    "How many nodes of each operator type an ONNX file's graph has."
+    import collections, onnx
+    return collections.Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+
+def quantize_onnx(src,                          # an fp32 ONNX file from `export_onnx`
+                  path,                         # the int8 file to write
+                  images=None,                  # (B, C, H, W) inputs to compare the two files on; None: 8 random ones
+                  op_types=('MatMul', 'Gemm'),  # the operators whose weights become int8
+                 ) -> dict:                     # the report, also written into the file's metadata as `quantization`
+    "Dynamic int8 quantization of an ONNX file (onnxruntime's `quantize_dynamic`), its metadata kept; which operators it replaced and how often its top-1 agrees with the fp32 file's."
+    import logging
+    import onnxruntime as ort
+    from onnxruntime.quantization import quantize_dynamic
+    src, path = Path(src), Path(path)
+    root = logging.getLogger(); level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process the graph first: we quantize the file as exported
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore'); quantize_dynamic(str(src), str(path), op_types_to_quantize=list(op_types))
+    finally: root.setLevel(level)
+    before, after = _op_counts(src), _op_counts(path)
+    replaced = {op: [before[op] - after[op], before[op]] for op in sorted(before) if after[op] < before[op]}
+    if images is None:
+        c, h, w = read_onnx_metadata(src).get('preprocessing', {}).get('input_size', (3, 224, 224))
+        images = np.random.default_rng(0).standard_normal((8, c, h, w), dtype=np.float32)
+    x = (images.detach().float().cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images, np.float32))
+    run = lambda p: ort.InferenceSession(str(p), providers=['CPUExecutionProvider']).run(None, {'image': x})[0]
+    ref, got = run(src), run(path)
+    report = dict(method='onnxruntime quantize_dynamic: int8 weights, activations quantized per call', op_types=list(op_types),
+                  replaced={op: f'{n}/{total}' for op, (n, total) in replaced.items()}, checked_on=len(x),
+                  top1_agreement=float((ref.argmax(-1) == got.argmax(-1)).mean()), max_logit_diff=float(np.abs(ref - got).max()))
+    write_onnx_metadata(path, dict(quantization=report))
+    return report
+

@@ -55,3 +55,12 @@ def test_t2t_stages_compute_the_model():
     with torch.no_grad():
         for _, _, _, fn in stages: h = fn(h)
         torch.testing.assert_close(h, m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_int8_file_is_the_librarys(tmp_path):
+    "The `ort_int8` path's file is `quantize_onnx`'s (MatMul and Gemm only) of the fp32 export, with its report in the metadata."
+    from t2t_course.deploy.export import read_onnx_metadata
+    prep = latency.prepare_worker('t2t_tiny', str(tmp_path), ['ort', 'ort_int8'])
+    assert prep['quantized_ops'].startswith('Gemm 1/1; MatMul ') and 'Conv' not in prep['quantized_ops'], prep
+    q = read_onnx_metadata(prep['onnx_int8'])['quantization']
+    assert q['op_types'] == ['MatMul', 'Gemm'] and q['checked_on'] == 2 and 'preprocessing' in read_onnx_metadata(prep['onnx_int8'])
