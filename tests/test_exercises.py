@@ -16,6 +16,9 @@ The conventions the tests read (each notebook follows them):
 A hidden cell has `metadata.jupyter.source_hidden` and the `hide-cell` tag, as every hidden solution of the course.
 Running blank and check takes the notebook's import statements (those at the top level of its earlier code cells) and
 the three cells, nothing else; on one chapter by default, on all under `--runslow`.
+
+Parts II-IV ask less: every chapter has at least one change-and-observe experiment, in one of its notebooks
+(`PARTS_II_IV`); the chapters in `PARTS_II_IV_TODO` are listed and skipped, with the reason, until theirs are written.
 """
 import ast, json, re
 from pathlib import Path
@@ -90,15 +93,21 @@ def test_build_it(exercises):
     assert build_its(cells), f"{nb}: no build-it exercise (a code cell starting '# Build it: ...')"
 
 
-def test_change_and_observe(exercises):
-    nb, cells = exercises
+def experiments(nb, cells) -> int:
+    "How many change-and-observe experiments `cells` hold, each checked for its shape: question, visible run, hidden answer."
     starts = [i for i, c in enumerate(cells) if c['cell_type'] == 'markdown' and src(c).startswith('### Change and observe')]
-    assert starts, f"{nb}: no '### Change and observe' experiment"
     for i in starts:
         assert '?' in src(cells[i]), f"{nb}: the experiment must ask its question first"
+        assert i + 2 < len(cells), f"{nb}: the experiment needs a code cell that runs it and a hidden answer after it"
         run, answer = cells[i + 1], cells[i + 2]
         assert run['cell_type'] == 'code' and not hidden(run), f"{nb}: a visible code cell must run the experiment"
         assert marker(answer, 'Answer') is not None and hidden(answer), f"{nb}: the answer must follow, hidden, '# Answer: ...'"
+    return len(starts)
+
+
+def test_change_and_observe(exercises):
+    nb, cells = exercises
+    assert experiments(nb, cells), f"{nb}: no '### Change and observe' experiment"
 
 
 def test_questionnaire(exercises):
@@ -140,3 +149,34 @@ def test_check_fails_on_the_blank(nb):
         with pytest.raises(AssertionError, match='not built yet'): run(nb, check, ns, f'check of {what}')
         run(nb, solution, ns, 'solution')
         run(nb, check, ns, f'check of {what}')  # passes
+
+
+# Parts II-IV: chapter -> its notebooks; at least one of them holds a change-and-observe experiment
+PARTS_II_IV = {
+    '11': ['11a_images', '11b_loader', '11c_transforms', '11d_mixing', '11e_datasets', '11f_imagenet_val'],
+    '12': ['12a_synthetic', '12b_draft', '12c_gpu', '12d_fast', '12e_registry'],
+    '13': ['13_optim'], '14': ['14_distributed'], '17': ['17_config'], '18': ['18a_step', '18b_callbacks', '18c_run', '18d_loop'],
+    '20': ['20a_grids', '20b_runner', '20c_analysis', '20d_cli'],
+    '21': ['21_visualise', '21b_deployed_speed'],
+    '22': ['22_timm'], '23': ['23_contract'], '25': ['25_pipeline_internals'], '27': ['27_checkpoint_cases'],
+}
+# TODO(lead): chapter -> (its notebooks, why it is skipped); move each into PARTS_II_IV once its experiment is written
+_NOT_YET = "its change-and-observe experiment is not written yet"
+PARTS_II_IV_TODO = {
+    '15': (['15_checkpoint'], _NOT_YET), '16': (['16_evaluate'], _NOT_YET), '19': (['19_cli'], _NOT_YET),
+    '24': (['24a_export', '24b_predict', '24c_convert'], _NOT_YET), '26': (['26_speed'], _NOT_YET),
+}
+
+
+def test_parts_ii_iv_chapters_are_all_listed():
+    "Every notebook of chapters 11 to 27 is in one of the two tables, so that a new one cannot go unchecked."
+    listed = {nb for nbs in PARTS_II_IV.values() for nb in nbs} | {nb for nbs, _ in PARTS_II_IV_TODO.values() for nb in nbs}
+    on_disk = {p.stem for p in NBS.glob('*.ipynb') if p.stem[:2].isdigit() and 11 <= int(p.stem[:2]) <= 27}
+    assert listed == on_disk, f"not listed: {sorted(on_disk - listed)}; listed but missing: {sorted(listed - on_disk)}"
+
+
+@pytest.mark.parametrize('chapter', sorted(PARTS_II_IV) + sorted(PARTS_II_IV_TODO))
+def test_parts_ii_iv_change_and_observe(chapter):
+    if chapter in PARTS_II_IV_TODO: pytest.skip(f"chapter {chapter}: {PARTS_II_IV_TODO[chapter][1]} (PARTS_II_IV_TODO)")
+    found = {nb: experiments(nb, load(nb)) for nb in PARTS_II_IV[chapter]}
+    assert sum(found.values()), f"chapter {chapter}: no '### Change and observe' experiment in {', '.join(found)}"
