@@ -45,6 +45,7 @@ setuptools.setup(
     ] + ['Programming Language :: Python :: '+o for o in py_versions[py_versions.index(min_python):]],
     url = cfg['git_url'],
     packages = setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
+    py_modules = ['t2t_commands'],  # the commands' entry points, imported before torch (see its docstring)
     include_package_data = True,
     install_requires = requirements,
     extras_require=extras,

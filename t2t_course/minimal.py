@@ -184,6 +184,7 @@ class T2TViT(nn.Module):
                  num_classes=1000, img_size=224, in_chans=3, token_dim=64, drop_path_rate=0.):
         super().__init__()
         num_patches = (img_size // 16) ** 2                 # N: 196 at 224 px
+        self.img_size, self.in_chans = img_size, in_chans   # the input it takes: the table is made for this size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.register_buffer('pos_embed', sinusoid_table(num_patches + 1, embed_dim))  # (1, N+1, D), fixed
         self.tokens_to_token = T2TModule(tokens_type, in_chans, embed_dim, token_dim)
@@ -202,6 +203,9 @@ class T2TViT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, img):                                 # (B, 3, H, W), H = W = img_size
+        if tuple(img.shape[1:]) != (self.in_chans, self.img_size, self.img_size):
+            raise ValueError(f"expected images (B, {self.in_chans}, {self.img_size}, {self.img_size}), got {tuple(img.shape)}: "
+                             f"the position table is made for img_size={self.img_size} (create_model takes any size)")
         x = self.tokens_to_token(img)                       # (B, N, D)
         cls = self.cls_token.expand(x.shape[0], -1, -1)     # (B, 1, D)
         x = torch.cat([cls, x], dim=1)                      # (B, N+1, D)

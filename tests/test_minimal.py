@@ -86,3 +86,11 @@ def test_page_imports_only_torch_einops_and_the_standard_library():
 def test_page_starts_with_its_licence():
     head = PAGE.read_text().splitlines()[:12]
     assert 'Apache-2.0' in head[0] and '# SPDX-License-Identifier: Apache-2.0' in head
+
+
+@pytest.mark.parametrize('shape', [(1, 3, 200, 200), (1, 3, 256, 256), (1, 3, 224, 320), (1, 1, 224, 224)])
+def test_an_input_it_cannot_take_is_one_line(shape):
+    "The position table is made for one size: another size or channel count is named with what the model expects."
+    with torch.device('meta'): m = minimal.create('t2t_vit_7')
+    with pytest.raises(ValueError) as e: m(torch.empty(shape, device='meta'))
+    assert str(e.value).startswith(f"expected images (B, 3, 224, 224), got {shape}") and '\n' not in str(e.value)

@@ -42,4 +42,14 @@ then
   python -m pip install --quiet "${reqs[@]}"
 fi
 
+# The tools the build needs, checked before it starts (a full build takes minutes): the builder (Jupyter Book, from the
+# docs extra above) and, until MathJax is in _site_build/cache/, npm to fetch it once.
+if ! python -c 'import jupyter_book, myst_nb' 2>/dev/null; then
+  echo "site: error: Jupyter Book is not importable in $VENV: pip install -e '.[docs]'" >&2; exit 1
+fi
+mathjax=$(sed -n "s/^MATHJAX = ('\([a-z]*\)', '\([0-9.]*\)').*/\1-\2/p" tools/site/build.py)
+if [ ! -e "_site_build/cache/$mathjax/tex-svg-full.js" ] && ! command -v npm >/dev/null 2>&1; then
+  echo "site: error: npm is needed once, to fetch MathJax ($mathjax) into _site_build/cache/; install Node.js (npm) first" >&2; exit 1
+fi
+
 python tools/site/build.py "$@"

@@ -6,7 +6,8 @@
 __all__ = ['FOLDER_MARKER', 'BUILTIN_DATASETS', 'DEFAULT_DATASET', 'DIGITS_RECIPE', 'DIGITS', 'CLUTTERED_VERSION',
            'CLUTTERED_RECIPE', 'CLUTTERED_DIGITS', 'CLUTTERED_TUNE', 'folder_files', 'build_folder_once',
            'digits_folder', 'BuiltinDataset', 'register_dataset', 'list_datasets', 'is_builtin', 'get_dataset',
-           'data_root', 'data_name', 'cluttered_sample', 'cluttered_digits_folder', 'cluttered_tune_folder']
+           'data_root', 'data_name', 'class_folders', 'skipped_note', 'check_classes', 'cluttered_sample',
+           'cluttered_digits_folder', 'cluttered_tune_folder']
 
 # %% ../../nbs/11e_datasets.ipynb #bd24254a
 import json, os, shutil, tempfile
@@ -68,9 +69,14 @@ def build_folder_once(root,            # the folder to create, e.g. <cache>/digi
                              f"delete the folder and it is built again")
         return root
     if root.exists(): raise ValueError(f"{root} exists but is incomplete (no {FOLDER_MARKER}): delete it and call again")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-{os.getpid()}-', suffix='-build', dir=root.parent))  # a sibling: atomic rename
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_builds(root)
+        tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}-{os.getpid()}-', suffix='-build', dir=root.parent))  # a sibling: atomic rename
+    except OSError as e:  # a read-only or full cache: say which folder, and how to choose another
+        raise ValueError(f"cannot write {root} ({os.strerror(e.errno).lower() if e.errno else e}): the built-in datasets are "
+                         f"written once under the course's cache, $T2T_COURSE_CACHE (default ~/.cache/t2t_course); set it to a "
+                         f"writable folder") from None
     try:
         meta = write(tmp)
         (tmp / FOLDER_MARKER).write_text(json.dumps(dict(meta, files=folder_files(tmp))))
@@ -147,6 +153,34 @@ DIGITS_RECIPE = dict(  # a shrunk T2T-ViT-7 (0.62M parameters) on the digits at 
     weight_decay=0.05, clip_grad=None, drop_path=0.1, ema_decay=0.99, data_preset='digits', workers=0, threads=1)
 
 DIGITS = register_dataset('digits', digits_folder, DIGITS_RECIPE, "scikit-learn's handwritten digits (8 x 8 px)")
+
+# %% ../../nbs/11e_datasets.ipynb #887c9cfe
+def class_folders(split) -> tuple:  # (class folder names, sorted; [(skipped folder name, why)])
+    "The class folders of a split folder as chapter 11a's scan sees them, and the folders it skips (a name starting with a dot) with their file counts."
+    classes, skipped = [], []
+    for e in sorted(os.scandir(split), key=lambda e: e.name):
+        if not e.is_dir(): continue
+        if not e.name.startswith('.'): classes.append(e.name); continue
+        n = sum(1 for _ in os.scandir(e.path)) if os.access(e.path, os.R_OK | os.X_OK) else 0
+        skipped.append((e.name, f"hidden: its name starts with a dot; {n} entr{'y' if n == 1 else 'ies'}"))
+    return classes, skipped
+
+def skipped_note(split, skipped:list) -> str:
+    "One line naming the folders a scan of `split` skipped ('' if none)."
+    if not skipped: return ''
+    return f"note: {split}: skipped {len(skipped)} folder(s): " + '; '.join(f"{n} ({why})" for n, why in skipped[:5]) + (' ...' if len(skipped) > 5 else '')
+
+def check_classes(split,              # a split folder: <class>/<images>
+                  min_classes:int=1   # training needs 2; evaluation and prediction 1
+                 ) -> tuple:          # (class names, the note on skipped folders or '')
+    "The classes of `split`; a `ValueError` in one line when it has fewer than `min_classes` (naming the folders it skipped)."
+    classes, skipped = class_folders(split)
+    note = skipped_note(split, skipped)
+    if len(classes) < min_classes:
+        found = f"{len(classes)} class folder{'' if len(classes) == 1 else 's'}{' (' + ', '.join(classes) + ')' if classes else ''}"
+        hidden = f"; skipped {', '.join(n for n, _ in skipped)} (names starting with a dot are not classes)" if skipped else ''
+        raise ValueError(f"{split} has {found}: training a classifier needs at least {min_classes}{hidden}")
+    return classes, note
 
 # %% ../../nbs/11e_datasets.ipynb #ec55ef96
 @lru_cache(maxsize=2 ** 14)  # 1797 digits x 8 sides (24-31 px), 11 MB: each upscale the cluttered digits need, once

@@ -154,6 +154,8 @@ def prepare_val_cli(argv=None):
     try:
         counts = prepare_imagenet_val(args.val_dir, args.labels, meta=args.meta, dest=args.dest, mode=args.mode, dry_run=args.dry_run)
     except (ValueError, OSError) as e: p.exit(2, f"t2t_prepare_val: error: {e}\n")
+    except KeyboardInterrupt:  # each file is moved, copied or linked whole: the folder is as a later run expects
+        p.exit(130, "t2t_prepare_val: interrupted (Ctrl-C): run it again to place the rest (what is in place is kept)\n")
     verb = {'move': 'moved', 'copy': 'copied', 'symlink': 'linked'}[counts['mode']]
     print(f"{'dry run: would have ' if counts['dry_run'] else ''}{verb} {counts['placed']} images into {counts['classes']} "
           f"class folders under {counts['dest']}; {counts['already']} already in place; {counts['labels']} labels")

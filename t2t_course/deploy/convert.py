@@ -10,7 +10,7 @@ import argparse, os, sys
 from pathlib import Path
 
 from ..core import SetupError, in_ipython
-from ..models.t2t_vit import list_models, save_pretrained
+from ..models.t2t_vit import get_variant, list_models, save_pretrained
 from ..models.weights import CONFIG_NAME, WEIGHTS_NAME
 from .predict import load_model
 
@@ -64,12 +64,17 @@ def convert_main(argv=None) -> int:
     "The `t2t_convert` command: write a model folder; the exit status."
     p = build_convert_parser()
     a = p.parse_args(argv)
-    if a.model is not None and a.model not in list_models(unlisted=True): p.error(f"unknown model {a.model!r}: choose from {', '.join(list_models())}")
+    if a.model is not None and a.model not in list_models(unlisted=True):
+        try: get_variant(a.model)
+        except ValueError as e:  # create_model's message less its Python hint: the closest names, else all
+            m = str(e).split(' (list_models')[0]
+            p.error(m if 'did you mean' in m else f"{m}: choose from {', '.join(list_models())}")
     def fail(msg, code): print(f"t2t_convert: error: {msg}", file=sys.stderr); return code
     try: folder, net, what = convert(a.source, a.folder, a.model, a.ema, a.overwrite)
     except SetupError as e: return fail(e, 2)
     except ValueError as e: return fail(f"cannot write {a.folder}: {' '.join(str(e).split())}", 2)  # arguments JSON cannot hold
     except OSError as e: return fail(f"cannot write {a.folder}: {os.strerror(e.errno).lower() if e.errno else e}", 1)
+    except KeyboardInterrupt: return fail(f"interrupted (Ctrl-C): {a.folder} holds the old files or the new ones, each written whole", 130)
     cfg, size = net.default_cfg, (folder / WEIGHTS_NAME).stat().st_size / 1e6
     print(f"wrote {folder}: {cfg['architecture']} ({what}), {net.num_classes} classes, {cfg['input_size'][1]} x "
           f"{cfg['input_size'][2]} px, crop {cfg['crop_pct']}; {WEIGHTS_NAME} {size:.1f} MB, {CONFIG_NAME}")

@@ -17,8 +17,8 @@ from typing import Callable
 import torch
 
 from ..core import SetupError, in_ipython, stdout_to_devnull
-from ..models.t2t_vit import checkpoint_filter_fn, checkpoint_state_dicts, create_model, list_models
-from ..models.weights import is_model_folder, read_model_config
+from ..models.t2t_vit import checkpoint_filter_fn, checkpoint_state_dicts, create_model, get_variant, list_models
+from ..models.weights import check_state_dict, is_model_folder, read_model_config
 from ..train.checkpoint import is_run_checkpoint, read_checkpoint_dict, name_architecture_error
 from ..train.distributed import resolve_device
 
@@ -62,7 +62,9 @@ def load_model(source,           # a model folder, a t2t_train checkpoint, an of
     from t2t_course.data.transforms import DATA_PRESETS  # loaded when predicting, not by `import t2t_course`
     if is_model_folder(source): return _folder_model(source, model, ema)
     ck = read_checkpoint_dict(source)
-    has_ema = 'EMA' in checkpoint_state_dicts(ck)
+    try: sds = {k: check_state_dict(sd, f"{source}{'' if k == 'weights' else f' ({k})'}") for k, sd in checkpoint_state_dicts(ck).items()}
+    except ValueError as e: raise SetupError(str(e)) from None  # names, tensors, finite values (section 08a)
+    has_ema = 'EMA' in sds
     if ema and not has_ema: raise SetupError(f"{source} holds no EMA weights: drop --ema")
     if is_run_checkpoint(ck):
         cfg, classes = ck['config'], [str(c) for c in ck['classes']]
@@ -73,7 +75,7 @@ def load_model(source,           # a model folder, a t2t_train checkpoint, an of
         kind = 't2t_train checkpoint'
     else:
         if model is None: raise name_architecture_error(source)
-        head = next((sd for sd in checkpoint_state_dicts(ck).values() if 'head.weight' in sd), None)
+        head = next((sd for sd in sds.values() if 'head.weight' in sd), None)
         if head is None: raise SetupError(f"{source} has no classifier head (head.weight): nothing to predict with")
         name, kwargs, size, crop_pct = model, {}, None, None
         classes = default_class_names(head['head.weight'].shape[0])
@@ -311,26 +313,33 @@ def predict_main(argv=None) -> int:
     if a.batch_size < 1: p.error(f"--batch-size must be positive, got {a.batch_size}")
     if a.workers is not None and a.workers < 0: p.error(f"--workers must be >= 0, got {a.workers}")
     if a.model is not None and a.onnx: p.error("--model names the architecture of a checkpoint: an ONNX file needs none")
-    if a.model is not None and a.model not in list_models(unlisted=True): p.error(f"unknown model {a.model!r}: choose from {', '.join(list_models())}")
+    if a.model is not None and a.model not in list_models(unlisted=True):
+        try: get_variant(a.model)
+        except ValueError as e:  # create_model's message less its Python hint: the closest names, else all
+            m = str(e).split(' (list_models')[0]
+            p.error(m if 'did you mean' in m else f"{m}: choose from {', '.join(list_models())}")
     if a.csv == '-' and a.json == '-': p.error("--csv and --json cannot both go to stdout: give one of them a file")
     bar = None
     def fail(msg): (bar.write if bar is not None else print)(f"t2t_predict: error: {msg}", file=sys.stderr)
     paths, errors = list_images(a.images)
     try: pred = load_onnx_predictor(a.onnx, a.device) if a.onnx else load_predictor(a.checkpoint, a.model, a.device)
     except SetupError as e: fail(e); return 2
+    except KeyboardInterrupt: fail("interrupted (Ctrl-C) while loading the model: nothing classified"); return 130
     for e in errors: fail(e['error'])
     show = sys.stderr.isatty() and not (a.csv == '-' and sys.stdout.isatty()) if a.progress is None else a.progress
     bar = tqdm(total=len(paths), unit='img', desc='t2t_predict', disable=not show, leave=False, dynamic_ncols=True, file=sys.stderr)
-    results, csv_file = [], None
+    results, csv_file, stopped = [], None, False
     try:
         if a.csv:  # rows are written as they come: a folder of any size streams through
             csv_file = _open(a.csv); writer = csv.writer(csv_file, lineterminator='\n')
             writer.writerows([csv_header(a.topk)] + [csv_row(e, a.topk) for e in errors])
-        for row in predict_files(pred, paths, a.topk, a.batch_size, default_workers() if a.workers is None else a.workers):
-            if 'error' in row: fail(row['error']); errors.append(row)
-            else: results.append(row)
-            if csv_file: writer.writerow(csv_row(row, a.topk))
-            bar.update(1)
+        try:
+            for row in predict_files(pred, paths, a.topk, a.batch_size, default_workers() if a.workers is None else a.workers):
+                if 'error' in row: fail(row['error']); errors.append(row)
+                else: results.append(row)
+                if csv_file: writer.writerow(csv_row(row, a.topk))
+                bar.update(1)
+        except KeyboardInterrupt: stopped = True  # Ctrl-C: what was classified is still written, below
         bar.close(); bar = None
         if csv_file not in (None, sys.stdout): csv_file.close()
         if a.json:
@@ -352,6 +361,8 @@ def predict_main(argv=None) -> int:
         fail(f"cannot write {e.filename or 'the output'}: {os.strerror(e.errno).lower() if e.errno else e}"); return 1
     finally:
         if bar is not None: bar.close()
+    if stopped:
+        fail(f"interrupted (Ctrl-C): {len(results) + len(errors)} of {len(paths)} images done, written above"); return 130
     if any(e.get('unexpected') for e in errors): return 1
     return 2 if errors else 0
 

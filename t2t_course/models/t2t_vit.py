@@ -7,7 +7,7 @@ __all__ = ['VARIANTS', 'T2TViT', 'Variant', 'register_variant', 'register_model'
            'create_model', 'variant_cfg', 'build_variant', 't2t_vit_7', 't2t_vit_10', 't2t_vit_12', 't2t_vit_14',
            't2t_vit_19', 't2t_vit_24', 't2t_vit_t_14', 't2t_vit_t_19', 't2t_vit_t_24', 't2t_vit_14_384', 'vit_baseline',
            't2t_vit_14_hard_split', 'vit_s_16', 'ResidualBlock', 'SmallResNet', 'resnet_baseline',
-           'checkpoint_state_dicts', 'checkpoint_filter_fn', 'load_checkpoint', 'save_pretrained']
+           'checkpoint_filter_fn', 'load_checkpoint', 'save_pretrained']
 
 # %% ../../nbs/08b_t2t_vit.ipynb #37403936
 import contextlib, difflib, fnmatch, inspect, math, os, re, warnings
@@ -25,7 +25,8 @@ from .t2t_module import T2TModule
 from .attention import Block, DropPath
 from .soft_split import T2T_SOFT_SPLITS
 from .backbone import Backbone, ViT, drop_path_rates, get_sinusoid_encoding, is_sinusoid_table, resize_pos_embed
-from .weights import folder_cfg, model_folder, read_model_config, read_weights, write_model_folder  # section 08a
+from .weights import (checkpoint_state_dicts, check_state_dict, folder_cfg, model_folder, read_model_config,
+                                       read_weights, write_model_folder)  # section 08a
 
 # %% ../../nbs/08b_t2t_vit.ipynb #8072ee44
 class T2TViT(Backbone):
@@ -322,26 +323,10 @@ def resnet_baseline(pretrained=False, **kwargs):
     return build_variant('resnet_baseline', pretrained, **kwargs)
 
 # %% ../../nbs/08b_t2t_vit.ipynb #b4b65b23
-def checkpoint_state_dicts(checkpoint:dict) -> dict:
-    "The state_dicts a checkpoint holds, prefixes stripped: {'weights': ..., 'EMA': ...} (EMA only if present)."
-    if not isinstance(checkpoint, dict): raise TypeError(f"a checkpoint must be a dict, got {type(checkpoint).__name__}")
-    out = {}
-    for key, name in (('state_dict', 'weights'), ('model', 'weights'), ('net', 'weights'), ('state_dict_ema', 'EMA')):
-        if isinstance(checkpoint.get(key), dict) and checkpoint[key] and name not in out: out[name] = checkpoint[key]
-    if not out: out['weights'] = checkpoint  # a bare state_dict
-    return {k: _strip_prefixes(v) for k, v in out.items()}
-
 def _unwrap(checkpoint:dict, use_ema:bool=True) -> dict:
     "The state_dict to load: the EMA if the checkpoint has one and `use_ema`, else the raw weights."
     sds = checkpoint_state_dicts(checkpoint)
     return sds['EMA'] if use_ema and 'EMA' in sds else sds.get('weights', sds.get('EMA'))
-
-def _strip_prefixes(state_dict:dict) -> dict:
-    out = {}
-    for k, v in state_dict.items():
-        while k.startswith(('module.', '_orig_mod.')): k = k.split('.', 1)[1]  # DDP and torch.compile wrappers, any order
-        out[k] = v
-    return out
 
 def _guess_variant(state_dict:dict) -> str:
     "The registered variant whose layout matches a state_dict's keys and shapes, or ''."
@@ -365,8 +350,8 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
                          use_ema:bool=True, # take the EMA weights when the checkpoint has them
                         ) -> dict:          # a state_dict that `model.load_state_dict` accepts (head left out if dropped)
     "Convert an official (or our own) T2T-ViT checkpoint for `model`: unwrap, strip prefixes, fit pos_embed, drop a foreign head."
-    sd = dict(_unwrap(state_dict, use_ema))
     target = model.state_dict()
+    sd = dict(check_state_dict(_unwrap(state_dict, use_ema)))  # section 08a: names, tensors, finite values
     if 'pos_embed' in sd and 'pos_embed' in target and sd['pos_embed'].shape != target['pos_embed'].shape:
         pe, tgt = sd['pos_embed'], target['pos_embed']
         if pe.ndim == 3 and pe.shape[-1] == tgt.shape[-1]:
@@ -382,17 +367,19 @@ def checkpoint_filter_fn(state_dict:dict,   # a checkpoint (any of the wrappings
         sd = {k: v for k, v in sd.items() if not k.startswith('head.')}
     elif ckpt_classes is None and model_classes:
         warnings.warn("the checkpoint has no classifier head: the model keeps its freshly initialised head")
+    check_state_dict(sd, '', target)  # no integers where the model has floats (08a); load_state_dict widens 16-bit floats
     required = {k for k in target if not k.startswith('head.') or 'head.weight' in sd}
     missing = sorted(required - set(sd))
     unexpected = sorted(set(sd) - set(target))
     mismatched = sorted(k for k in set(sd) & set(target) if sd[k].shape != target[k].shape)
     if missing or unexpected or mismatched:
-        lines = [f"the checkpoint does not fit this {type(model).__name__}"
-                 f"{' (' + model.default_cfg['architecture'] + ')' if getattr(model, 'default_cfg', {}).get('architecture') else ''}:"]
+        arch, guess = getattr(model, 'default_cfg', {}).get('architecture'), _guess_variant(sd)
+        counts = [f"{len(x)} {w}" for x, w in ((mismatched, 'shapes differ'), (missing, 'missing'), (unexpected, 'not in the model')) if x]
+        lines = [f"the checkpoint does not fit this {type(model).__name__}{f' ({arch})' if arch else ''}"   # a line complete on its own
+                 f"{f': it looks like {guess}' if guess else ''} ({', '.join(counts)})"]
         lines += [f"  shape mismatch {k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(target[k].shape)}" for k in mismatched[:8]]
         lines += [f"  missing from the checkpoint: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"] if missing else []
         lines += [f"  not in the model: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}"] if unexpected else []
-        guess = _guess_variant(sd)
         if guess: lines.append(f"  the checkpoint looks like {guess}")
         raise ValueError('\n'.join(lines))
     return sd

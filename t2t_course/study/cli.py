@@ -94,7 +94,12 @@ def study_main(argv=None,              # the command line's arguments (None: sys
     if a.seeds is not None and len(set(a.seeds)) != len(a.seeds): p.error(f"--seeds must be distinct, got {' '.join(map(str, a.seeds))}")
     if not 0 < a.mfu <= 1 or a.peak_tflops <= 0: p.error("--mfu must be in (0, 1] and --peak-tflops positive")
     labels = [sm.label for sm in grid_models(grid)]
-    if a.models and not set(a.models) <= set(labels): p.error(f"--models must be labels of the {grid} grid: {', '.join(labels)}")
+    unknown = [m for m in a.models or [] if m not in labels]
+    if unknown:
+        import difflib
+        close = difflib.get_close_matches(unknown[0], labels, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ''
+        p.error(f"--models must be labels of the {grid} grid: {unknown[0]!r} is not one{hint} (labels: {', '.join(labels)})")
     if a.data is not None and not is_builtin(a.data):
         try: (Path(a.data) / 'train').is_dir()
         except OSError as e: p.error(f"--data {a.data}: {os.strerror(e.errno).lower()}")  # a name too long

@@ -113,7 +113,8 @@ class TrainConfig:
     resume: str = option("'auto': continue from --output's last.pth if there is one; or a checkpoint path", group=RUN,
                          default_text="start from scratch")
     overwrite: bool = option("start from scratch even if --output already holds a run (default: refuse)", False, group=RUN)
-    eval_ema: bool = option("also evaluate the EMA weights every epoch", True, group=RUN, flag='--no-eval-ema')
+    eval_ema: bool = option("skip evaluating the EMA weights after each epoch (by default they are evaluated beside the weights)", True,
+                             group=RUN, flag='--no-eval-ema')
     progress: bool = option("a tqdm progress bar per epoch", group=RUN, default_text="when stderr is a terminal")
     log: str = option("training curves besides metrics.csv and curves.png: 'tensorboard' writes TensorBoard's event files "
                       "into --output, on rank 0 (pip install 't2t-course[tensorboard]'; tensorboard --logdir runs)", 'none',

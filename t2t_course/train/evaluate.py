@@ -16,10 +16,10 @@ import torch.nn as nn
 import torch.distributed as dist
 
 from ..models.t2t_vit import checkpoint_filter_fn, checkpoint_state_dicts, create_model
-from ..models.weights import folder_cfg, is_model_folder, read_model_config
+from ..models.weights import check_state_dict, folder_cfg, is_model_folder, read_model_config
 from ..data.transforms import DATA_PRESETS, create_eval_transform
 from ..data.loader import BadImageLog, ImageFolderDataset, create_loader
-from ..data.datasets import data_root
+from ..data.datasets import class_folders, data_root, skipped_note
 from ..core import CheckpointError, SetupError
 from .optim import amp_dtype
 from .distributed import ShardSampler, all_reduce_sum, cleanup_distributed, setup_distributed
@@ -171,6 +171,8 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, a mo
     else:
         if data is None: raise SetupError(f"{checkpoint} is not a t2t_train checkpoint: pass the validation folder with --data")
         sds, classes = checkpoint_state_dicts(ck), None  # {'weights': ..., 'EMA': ...}, prefixes stripped
+        try: sds = {k: check_state_dict(sd, f"{checkpoint}{'' if k == 'weights' else f' ({k})'}") for k, sd in sds.items()}
+        except ValueError as e: raise SetupError(str(e)) from None  # names, tensors, finite values (section 08a)
         size = (saved.get('model_args') or {}).get('img_size')  # a model folder's size, if square
         img_size = img_size or (size[0] if isinstance(size, list) and size[0] == size[-1] else None)
         head = next(iter(sds.values())).get('head.weight')
@@ -189,7 +191,7 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, a mo
                                mean=dc.get('mean'), std=dc.get('std'))
     labels = saved.get('label_names')
     if classes is None and labels and all((folder / c).is_dir() for c in labels): classes = list(labels)  # the folder's own order
-    try: ds = ImageFolderDataset(folder, tf, skip_bad_images=skip_bad_images, classes=classes)
+    try: ds, note = ImageFolderDataset(folder, tf, skip_bad_images=skip_bad_images, classes=classes), skipped_note(folder, class_folders(folder)[1])
     except (ValueError, OSError) as e: raise SetupError(str(e)) from e
     if classes is None and len(ds.classes) != num_classes:
         raise SetupError(f"{folder} has {len(ds.classes)} class folders but the checkpoint's head has {num_classes} classes: "
@@ -203,11 +205,11 @@ def evaluate_checkpoint(checkpoint,               # a t2t_train checkpoint, a mo
     try:
         for name, sd in sds.items():
             try: net.load_state_dict(checkpoint_filter_fn(sd, net))
-            except ValueError as e: raise SetupError(str(e)) from e
+            except ValueError as e: raise SetupError(f"{checkpoint}: {str(e).splitlines()[0]}") from None  # its first line is complete
             results[name] = evaluate(net, dl, env.device, dtype, bad if not results else None)
     finally:
         close_loader(dl)
         if env.distributed and not joined: cleanup_distributed()
     arch = model + (f" {model_kwargs}" if model_kwargs else '')
-    info = dict(images=len(ds), classes=len(ds.classes), img_size=size, folder=str(folder), model=arch)
+    info = dict(images=len(ds), classes=len(ds.classes), img_size=size, folder=str(folder), model=arch, note=note)  # note: hidden folders skipped
     return dict(results, info=info, bad_images=bad)

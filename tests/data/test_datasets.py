@@ -133,3 +133,21 @@ def test_cluttered_digits_split_by_source_and_trainable(tmp_path, monkeypatch):
     ck = torch.load(tmp_path / 'run' / 'last.pth', weights_only=True)
     assert ck['config']['data'] == 'cluttered_digits' and ck['config']['img_size'] == 64 and len(ck['classes']) == 10
     assert 'on cluttered digits: ' in out and '(120 train / 120 val images, 10 classes), 64 px' in out, out
+
+
+# ------------------------------------------------------------------ what a folder of classes holds (issue 47)
+def test_hidden_folders_are_named_and_training_needs_two_classes(tmp_path):
+    from t2t_course.data.datasets import check_classes, class_folders
+    for c in ('cats', '.dogs', '...'): (tmp_path / c).mkdir()
+    (tmp_path / '.dogs' / 'a.jpg').write_bytes(b'x')
+    classes, skipped = class_folders(tmp_path)
+    assert classes == ['cats'] and [n for n, _ in skipped] == ['...', '.dogs'] and '1 entry' in skipped[1][1]
+    assert check_classes(tmp_path)[0] == ['cats']  # evaluation and prediction: one class will do
+    with pytest.raises(ValueError, match=r"has 1 class folder \(cats\): training a classifier needs at least 2; skipped \.\.\., \.dogs"):
+        check_classes(tmp_path, 2)
+
+
+def test_a_cache_that_cannot_be_written_is_named(tmp_path):
+    from t2t_course.data.datasets import build_folder_once
+    with pytest.raises(ValueError, match=r"cannot write /proc/no_such/digits \(.*\): .*T2T_COURSE_CACHE"):
+        build_folder_once('/proc/no_such/digits', lambda tmp: {})

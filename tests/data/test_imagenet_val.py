@@ -172,3 +172,12 @@ def test_prepare_val_cli(labels, tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     assert 'linked 7 images into 4 class folders' in r.stdout
     assert {p.name: p.parent.name for p in val.glob('*/*.JPEG')} == expected
+
+
+def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys):
+    import t2t_course.data.imagenet_val as iv
+    def stop(*a, **k): raise KeyboardInterrupt
+    monkeypatch.setattr(iv, 'prepare_imagenet_val', stop)
+    with pytest.raises(SystemExit) as e: iv.prepare_val_cli([str(tmp_path), str(tmp_path / 'labels.txt')])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and 'interrupted' in err and len(err.strip().splitlines()) == 1, err

@@ -120,3 +120,28 @@ def test_t2t_convert_as_a_process(official, tmp_path):
     res = warm_run([sys.executable, '-m', 't2t_course.deploy.convert', str(official[0]), str(tmp_path / 'm'), '--model', 't2t_vit_7'],
                    capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode == 0 and res.stdout.startswith('wrote') and Path(tmp_path / 'm' / 'config.json').is_file(), res.stderr
+
+
+def test_unusable_weights_and_ctrl_c_are_one_line(tmp_path, monkeypatch):
+    "A NaN in the weights is refused naming the tensor (exit 2); a misspelt --model gets the closest names; Ctrl-C is exit 130."
+    import io
+    from contextlib import redirect_stderr
+    from t2t_course import create_model
+    import t2t_course.deploy.convert as convert
+    sd = create_model('t2t_vit_7', img_size=32, depth=1).state_dict()
+    sd['head.bias'][0] = float('nan')
+    torch.save({'state_dict': sd}, tmp_path / 'nan.pth')
+    def run(argv):
+        err = io.StringIO()
+        with redirect_stderr(err):
+            try: code = convert.convert_main(argv)
+            except SystemExit as e: code = e.code
+        return code, err.getvalue()
+    code, err = run([str(tmp_path / 'nan.pth'), str(tmp_path / 'out'), '--model', 't2t_vit_7'])
+    assert code == 2 and 'head.bias holds 1 NaN or infinite values of 1,000' in err and len(err.strip().splitlines()) == 1, err
+    code, err = run([str(tmp_path / 'nan.pth'), str(tmp_path / 'out'), '--model', 't2t_vit7'])
+    assert code == 2 and "did you mean 't2t_vit_7'" in err, err
+    def stop(*a, **k): raise KeyboardInterrupt
+    monkeypatch.setattr(convert, 'convert', stop)
+    code, err = run([str(tmp_path / 'nan.pth'), str(tmp_path / 'out'), '--model', 't2t_vit_7'])
+    assert code == 130 and 'interrupted' in err and len(err.strip().splitlines()) == 1, err

@@ -4,7 +4,8 @@ traceback), on bad images among good ones (each reported, the good ones' results
 opened); its image reader gives the pixels the training loader gives. At scale, on a small model trained on the digits:
 a folder of 50 validation digits through the run's model folder, its best.pth and its ONNX export gives the same top-1
 and top-5 (the ONNX file alone: its preprocessing and class names are inside it); folders, globs and bad files as CSV
-and JSON rows; batches and loader workers change nothing; outputs named for their format."""
+and JSON rows; batches and loader workers change nothing; outputs named for their format. Weights that read but are
+unusable refused in one line; Ctrl-C (mocked, and a real SIGINT to the process group) keeps what was classified."""
 import csv, io, json, os, shutil, subprocess, sys
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -346,3 +347,62 @@ def test_a_safetensors_file_with_model(checkpoints, tmp_path, capsys):
     assert status == 0 and out.startswith('t2t_vit_7 (safetensors file official.safetensors, weights), 224 x 224'), err
     status, _, err = _run([sample_image_path(), '--checkpoint', tmp_path / 'official.safetensors'], capsys)
     assert status == 2 and 'name its architecture with --model' in err
+
+
+# ------------------------------------------------------------------ checkpoints that read but are not usable; Ctrl-C (issue 47)
+MALFORMED = {'values not tensors': (lambda sd: {'cls_token': 5, 'head.weight': 3}, 'cls_token is a int, not a tensor'),
+             'a key not a string': (lambda sd: {1: torch.zeros(3), **sd}, 'key 1 is a int, not a name'),
+             'one NaN': (lambda sd: dict(sd, **{'head.bias': torch.full_like(sd['head.bias'], float('nan'))}), 'head.bias holds 1,000 NaN'),
+             'every tensor int64': (lambda sd: {k: v.long() for k, v in sd.items()}, 'is torch.int64 where the model has torch.float32'),
+             'a meta tensor': (lambda sd: dict(sd, **{'head.weight': sd['head.weight'].to('meta')}), 'head.weight is a meta tensor')}
+
+
+@pytest.mark.parametrize('what', list(MALFORMED))
+def test_predict_refuses_weights_that_read_but_are_unusable(what, checkpoints, tmp_path, capsys):
+    damage, message = MALFORMED[what]
+    sd = torch.load(checkpoints / 'official.pth.tar', weights_only=True)['state_dict_ema']
+    torch.save({'state_dict_ema': damage(sd)}, tmp_path / 'bad.pth')
+    status, out, err = _run([sample_image_path(), '--checkpoint', tmp_path / 'bad.pth', '--model', 't2t_vit_7'], capsys)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and message in lines[0] and out == '', err
+
+
+def test_predict_suggests_a_model_name(checkpoints, capsys):
+    with pytest.raises(SystemExit) as e: _run([sample_image_path(), '--checkpoint', checkpoints / 'official.pth.tar', '--model', 't2t_vit7'], capsys)
+    assert e.value.code == 2 and "did you mean 't2t_vit_7'" in capsys.readouterr().err
+
+
+def test_ctrl_c_prints_what_was_classified(checkpoints, tmp_path, capsys, monkeypatch):
+    "Ctrl-C after two of three images: their predictions are printed (and the CSV written), one line says so, exit 130."
+    import t2t_course.deploy.predict as predict
+    real = predict.predict_files
+    def two_then_ctrl_c(*a, **k):
+        for i, row in enumerate(real(*a, **k)):
+            if i == 2: raise KeyboardInterrupt
+            yield row
+    monkeypatch.setattr(predict, 'predict_files', two_then_ctrl_c)
+    photos = []
+    for i in range(3): photos.append(tmp_path / f'p{i}.jpg'); shutil.copy(sample_image_path(), photos[-1])
+    status, out, err = _run([*photos, '--checkpoint', checkpoints / 'official.pth.tar', '--model', 't2t_vit_7', '-b', '1'], capsys)
+    assert status == 130 and f'{photos[0]}:' in out and f'{photos[1]}:' in out and f'{photos[2]}:' not in out, (out, err)
+    assert err.strip().splitlines() == ['t2t_predict: error: interrupted (Ctrl-C): 2 of 3 images done, written above'], err
+    status, out, err = _run([*photos, '--checkpoint', checkpoints / 'official.pth.tar', '--model', 't2t_vit_7', '--csv', tmp_path / 'p.csv'], capsys)
+    assert status == 130 and len((tmp_path / 'p.csv').read_text().splitlines()) == 3  # the header and two rows
+
+
+def test_a_real_ctrl_c_keeps_the_rows_already_written(checkpoints, tmp_path):
+    "SIGINT to t2t_predict's whole process group (as a terminal's Ctrl-C sends it) after its first CSV row: the rows written stay, one line, exit 130, no traceback."
+    import signal
+    for i in range(30): shutil.copy(sample_image_path(), tmp_path / f'p{i:02d}.jpg')
+    code = 'import sys; from t2t_course.deploy import predict_main; sys.exit(predict_main(sys.argv[1:]))'
+    p = subprocess.Popen([sys.executable, '-c', code, str(tmp_path), '--checkpoint', str(checkpoints / 'official.pth.tar'), '--model',
+                          't2t_vit_7', '--csv', '-', '-b', '1', '--workers', '2', '--device', 'cpu'], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    rows = [p.stdout.readline(), p.stdout.readline()]  # the header, the first image
+    os.killpg(p.pid, signal.SIGINT)
+    rest, err = p.communicate(timeout=120)
+    rows += rest.splitlines()
+    assert p.returncode == 130 and 'Traceback' not in err, err[-3000:]
+    done = int(err.split('interrupted (Ctrl-C): ')[1].split()[0])
+    assert err.strip().splitlines() == [f't2t_predict: error: interrupted (Ctrl-C): {done} of 30 images done, written above']
+    assert 1 <= done < 30 and len([r for r in rows if r.strip()]) == done + 1

@@ -2,7 +2,9 @@
 truncated, empty, pickled numpy, a list, a dict without weights) is one message naming the file and what was expected,
 through `create_model(pretrained=path)` and `load_checkpoint`; a pickle that calls a function is refused, never run.
 safetensors files and model folders in timm's layout: written atomically, read back equal without any unpickling, and
-every damaged file or folder named."""
+every damaged file or folder named. What was read, checked: a compressed bomb refused before it is inflated (its peak
+memory measured in a capped child), values that are not tensors, keys that are not names, meta tensors, NaN, integers
+where the model has floats; 16-bit weights widened, integer buffers kept."""
 import os
 
 import numpy as np
@@ -138,3 +140,65 @@ def test_folder_cfg_gives_the_preprocessing_and_fitting_labels():
                label_names=['a', 'b'])
     assert folder_cfg(cfg, 2) == dict(crop_pct=1.0, mean=(0.5,) * 3, interpolation='bilinear', label_names=['a', 'b'])
     assert 'label_names' not in folder_cfg(cfg, 3) and folder_cfg({}, 2) == {}
+
+
+# ------------------------------------------------------------------ what was read, checked (issue 47)
+def test_a_compressed_bomb_is_refused_before_it_is_inflated(tmp_path):
+    "1 GB of zeros deflated into a file of about 1 MB: refused from the zip's directory, the refusal peaking under 100 MB above the interpreter (a child under an address-space cap); read when the limit is raised."
+    import subprocess, sys, zipfile
+    torch.save({'state_dict': {'w': torch.zeros(2**28)}}, tmp_path / 'plain.pth')  # 1 GiB
+    with zipfile.ZipFile(tmp_path / 'plain.pth') as zin, zipfile.ZipFile(tmp_path / 'bomb.pth', 'w', zipfile.ZIP_DEFLATED) as zout:
+        for i in zin.infolist(): zout.writestr(i.filename, zin.read(i.filename))
+    (tmp_path / 'plain.pth').unlink()
+    assert (tmp_path / 'bomb.pth').stat().st_size < 2 * 2**20
+    probe = ("import resource, sys\nfrom t2t_course.train.checkpoint import read_checkpoint_dict\n"
+             "vm = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
+             "resource.setrlimit(resource.RLIMIT_AS, (vm + 2**31, vm + 2**31))\n"
+             "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "try: read_checkpoint_dict(sys.argv[1]); print('read')\nexcept ValueError as e: print(e)\n"
+             "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)")
+    p = subprocess.run([sys.executable, '-c', probe, str(tmp_path / 'bomb.pth')], capture_output=True, text=True, timeout=300)
+    msg, peak = p.stdout.strip().splitlines()
+    assert 'would inflate to 1,024 MB from' in msg and 'refused before reading it' in msg and 'T2T_COURSE_MAX_CHECKPOINT_MB=' in msg, p.stdout + p.stderr
+    assert int(peak) < 100, peak
+    with pytest.raises(CheckpointError, match='refused before reading it'): create_model('t2t_vit_7', img_size=32, pretrained=tmp_path / 'bomb.pth')
+
+
+def test_the_size_limit_can_be_raised(tmp_path, monkeypatch):
+    from t2t_course.models.weights import SIZE_LIMIT_ENV, check_archive_size
+    torch.save({'w': torch.zeros(1000)}, tmp_path / 'w.pth')
+    with pytest.raises(CheckpointError, match='the limit is 0.00 MB'): check_archive_size(tmp_path / 'w.pth', limit=100)
+    monkeypatch.setenv(SIZE_LIMIT_ENV, 'lots')
+    with pytest.raises(CheckpointError, match='must be a number of megabytes'): read_checkpoint(tmp_path / 'w.pth')
+    monkeypatch.setenv(SIZE_LIMIT_ENV, '1')
+    assert read_checkpoint(tmp_path / 'w.pth')['w'].shape == (1000,)
+
+
+def _sd(): return create_model('t2t_vit_7', img_size=32, depth=1).state_dict()
+
+@pytest.mark.parametrize('case, damage, message', [
+    ('not tensors', lambda sd: {'cls_token': 5, 'head.weight': 3}, 'cls_token is a int, not a tensor'),
+    ('a key not a string', lambda sd: {1: torch.zeros(3), **sd}, 'key 1 is a int, not a name'),
+    ('a meta tensor', lambda sd: dict(sd, **{'head.weight': sd['head.weight'].to('meta')}), 'head.weight is a meta tensor'),
+    ('NaN and inf', lambda sd: dict(sd, **{'head.bias': torch.full_like(sd['head.bias'], float('nan')), 'cls_token': sd['cls_token'] / 0}),
+     'holds 256 NaN or infinite values of 256 (and 1 more tensors)'),
+    ('int64', lambda sd: {k: v.long() for k, v in sd.items()}, 'is torch.int64 where the model has torch.float32'),
+])
+def test_create_model_refuses_unusable_weights(case, damage, message, tmp_path):
+    "create_model(pretrained=path) and load_checkpoint refuse what reads but cannot be used, in one line naming the tensor."
+    torch.save({'state_dict': damage(_sd())}, tmp_path / 'w.pth')
+    with pytest.raises(CheckpointError) as e: create_model('t2t_vit_7', img_size=32, depth=1, pretrained=tmp_path / 'w.pth')
+    assert message in str(e.value) and str(tmp_path / 'w.pth') in str(e.value) and '\n' not in str(e.value), e.value
+
+
+def test_16_bit_weights_are_widened_and_integer_buffers_stay_integers():
+    "A ResNet's weights in float16 come back in float32 with a warning; its batch-norm counters stay int64; the model loads them."
+    from t2t_course.models.weights import check_state_dict
+    m = create_model('resnet_baseline', img_size=32, num_classes=4)
+    ref = m.state_dict()
+    assert any(not v.is_floating_point() for v in ref.values())  # the counters
+    half = {k: v.half() if v.is_floating_point() else v for k, v in ref.items()}
+    with pytest.warns(UserWarning, match=r"tensor\(s\) in torch.float16 .* widened to the model's torch.float32"):
+        out = check_state_dict(half, 'w.pth', ref)
+    assert {k: v.dtype for k, v in out.items()} == {k: v.dtype for k, v in ref.items()}
+    m.load_state_dict(out)

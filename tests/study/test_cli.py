@@ -57,6 +57,7 @@ def _study_progress():
 
 
 @pytest.mark.parametrize('argv, message', [(['--models', 'nope'], '--models must be labels of the claims grid'),
+                                           (['--models', 't2t64'], "'t2t64' is not one; did you mean 't2t_64'"),
                                            (['--data', '/no/such/folder'], 'neither a built-in dataset nor a folder'),
                                            (['--jobs', '0'], '--jobs must be positive'),
                                            (['--seeds', '0', '0'], '--seeds must be distinct'),

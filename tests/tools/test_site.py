@@ -163,3 +163,24 @@ def test_a_guide_links_chapters_and_the_repository():
                            t, cfg, set())
     assert page == ('See [chapter 05](../05_performer.ipynb), [the script](https://github.com/t2t-course/t2t-course/blob/main/'
                     'benchmarks/models.py) and 07.')
+
+
+def test_site_sh_checks_its_tools_before_building(tmp_path):
+    "Without npm (and no MathJax in the cache) or without the builder, tools/site.sh stops at once with one line, before the build."
+    import os, shutil
+    (tmp_path / 'tools' / 'site').mkdir(parents=True)
+    shutil.copy(ROOT / 'tools' / 'site.sh', tmp_path / 'tools' / 'site.sh')
+    mathjax = next(l for l in (ROOT / 'tools' / 'site' / 'build.py').read_text().splitlines() if l.startswith('MATHJAX = '))
+    (tmp_path / 'tools' / 'site' / 'build.py').write_text(mathjax + "\nraise SystemExit('the build ran')\n")
+    (tmp_path / 'settings.ini').write_text('[DEFAULT]\ndocs_requirements = \n')
+    venv = tmp_path / 'venv' / 'bin'; venv.mkdir(parents=True)
+    (venv / 'activate').write_text('')
+    tools = tmp_path / 'path'; tools.mkdir()
+    for t in ('bash', 'dirname', 'sed', 'env'): (tools / t).symlink_to(shutil.which(t))
+    for py in (venv / 'python', tools / 'python'):  # this interpreter, with its environment's packages
+        py.write_text(f'#!{shutil.which("bash")}\nexec {sys.executable} "$@"\n'); py.chmod(0o755)
+    env = dict(os.environ, PATH=str(tools), VENV=str(tmp_path / 'venv'))
+    p = subprocess.run(['bash', str(tmp_path / 'tools' / 'site.sh')], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and 'the build ran' not in p.stderr, p.stderr
+    want = 'npm is needed once, to fetch MathJax' if importlib.util.find_spec('jupyter_book') else 'Jupyter Book is not importable'
+    assert want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

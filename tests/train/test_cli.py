@@ -1,7 +1,10 @@
 """The command lines (chapter 19, `t2t_course.train.cli`): `t2t_train`'s help (every flag with its default, the recipes'
 defaults), bad arguments and setup errors as clear messages, bad weight files, --resume with flags left out or changed;
 the ImageNet recipe end to end, a built-in dataset by name, T2T-ViT-14's paper recipe (slow); `t2t_eval` on our
-checkpoints and on official-layout ones, and on bad input."""
+checkpoints and on official-layout ones, and on bad input. What users feed the commands: checkpoints that read but
+are unusable (one line in t2t_eval, --pretrained and --resume), runs that cannot fit (refused under an address-space
+cap before the model is built), an out-of-memory error during the run (one line, last.pth resumable), model names and
+--model-kwargs of the wrong kind, fewer than two classes, Ctrl-C."""
 import numpy as np
 import pytest
 import torch
@@ -262,3 +265,166 @@ def test_pretrained_safetensors_file(folder, tmp_path):
     (tmp_path / 'bad.safetensors').write_bytes(b'\x10\x00\x00\x00\x00\x00\x00\x00not json')
     code, _, err = call(main, train_args(folder, tmp_path / 'run2', '--epochs', '1', '--pretrained', str(tmp_path / 'bad.safetensors')))
     assert code == 2 and 'not a safetensors file, or a truncated or damaged one' in err, err
+
+
+# ------------------------------------------------------------------ what users feed the commands (issue 47)
+@pytest.fixture(scope='module')
+def run_ck(folder, tmp_path_factory):
+    "A tiny run's last.pth, trained once for the tests below."
+    out = tmp_path_factory.mktemp('run47')
+    code, _, err = call(main, train_args(folder, out, '--epochs', '1'))
+    assert code == 0, err
+    return out / 'last.pth'
+
+
+def _bad(ck:dict, case:str) -> dict:
+    "Our checkpoint `ck`, damaged as `case` says."
+    sd = dict(ck['state_dict'])
+    if case == 'values not tensors': return dict(ck, state_dict=dict(sd, cls_token=5))
+    if case == 'a key not a string': return dict(ck, state_dict={1: torch.zeros(3), **sd})
+    if case == 'one NaN': return dict(ck, state_dict=dict(sd, **{'head.bias': sd['head.bias'].clone().index_fill_(0, torch.tensor([0]), float('nan'))}))
+    if case == 'every tensor int64': return dict(ck, state_dict={k: v.long() for k, v in sd.items()}, state_dict_ema=None)
+    if case == 'classes None': return dict(ck, classes=None)
+    if case == 'fewer class names': return dict(ck, classes=ck['classes'][:2])
+    if case == 'a meta tensor': return dict(ck, state_dict=dict(sd, **{'head.weight': torch.empty(sd['head.weight'].shape, device='meta')}))
+    raise ValueError(case)
+
+BAD = {'values not tensors': 'cls_token is a int, not a tensor', 'a key not a string': 'key 1 is a int, not a name',
+       'one NaN': 'head.bias holds 1 NaN or infinite values', 'every tensor int64': 'is torch.int64 where the model has torch.float32',
+       'classes None': 'has classes=None for a head of 4 outputs', 'fewer class names': 'has 2 class names for a head of 4 outputs',
+       'a meta tensor': 'head.weight is a meta tensor'}
+
+
+@pytest.mark.parametrize('case', list(BAD))
+def test_malformed_checkpoints_are_one_line_everywhere(folder, run_ck, tmp_path, case):
+    "t2t_eval, --pretrained and --resume refuse a checkpoint that reads but is not usable: one line naming the entry, exit 2."
+    ck = torch.load(run_ck, weights_only=True)
+    bad = tmp_path / 'bad.pth'
+    torch.save(_bad(ck, case), bad)
+    for fn, argv in ((eval_main, [str(bad), '--workers', '0']),
+                     (main, train_args(folder, tmp_path / 'p', '--epochs', '1', '--pretrained', str(bad))),
+                     (main, train_args(folder, tmp_path / 'r', '--epochs', '2', '--resume', str(bad)))):
+        code, _, err = call(fn, argv)
+        assert code == 2 and BAD[case] in err and str(bad) in err, (argv[:2], err)
+        assert len(err.strip().splitlines()) == 1 and 'Traceback' not in err, err
+
+
+def test_half_precision_checkpoint_is_widened_with_a_note(run_ck, tmp_path):
+    ck = torch.load(run_ck, weights_only=True)
+    torch.save(dict(ck, state_dict={k: v.half() for k, v in ck['state_dict'].items()}), tmp_path / 'half.pth')
+    code, out, err = call(eval_main, [str(tmp_path / 'half.pth'), '--workers', '0'])
+    assert code == 0 and 'top-1' in out, err
+
+
+def test_wrong_architecture_for_pretrained_is_complete_on_its_first_line(folder, tmp_path):
+    from tests.support.commands import TINY
+    torch.save(create_model('t2t_vit_7', img_size=16, num_classes=4, **dict(TINY, depth=2)).state_dict(), tmp_path / 'w.pth')
+    code, _, err = call(main, train_args(folder, tmp_path / 'run', '--epochs', '1', '--pretrained', str(tmp_path / 'w.pth')))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert 'does not fit this T2TViT (t2t_vit_7): it looks like performer T2T layers, embed_dim 32, depth 2 (11 not in the model)' in err, err
+    assert not err.rstrip().endswith(':'), err
+
+
+@pytest.mark.parametrize('fn, argv', [(main, ['--model', 't2t_vit7']), (eval_main, ['x.pth', '--model', 't2t_vit7'])])
+def test_model_names_get_did_you_mean(fn, argv):
+    code, _, err = call(fn, argv)
+    assert code == 2 and "unknown model 't2t_vit7'; did you mean 't2t_vit_7'" in err, err
+
+
+@pytest.mark.parametrize('kw, message', [('depth=abc', "depth='abc': depth takes an int"), ('dept=3', "takes no argument 'dept'"),
+                                         ('qkv_bias=3', 'qkv_bias takes True or False')])
+def test_model_kwargs_of_the_wrong_kind(kw, message):
+    code, _, err = call(main, ['--model', 't2t_vit_7', '--model-kwargs', kw])
+    assert code == 2 and message in err and 'linspace' not in err, err
+
+
+def test_training_needs_two_classes_and_names_hidden_folders(tmp_path):
+    root = make_folder(tmp_path / 'two', n_train=2, n_val=1, classes=2)
+    classes = sorted(p.name for p in (root / 'train').iterdir())
+    for split in ('train', 'val'): (root / split / classes[1]).rename(root / split / ('.' + classes[1]))
+    code, _, err = call(main, ['--data', str(root), *TINY_ARGS, '--epochs', '1', '--output', str(tmp_path / 'o')])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"has 1 class folder ({classes[0]}): training a classifier needs at least 2; skipped .{classes[1]}" in err, err
+
+
+def _capped(code:str, *args, extra_gb:float=3.0):
+    "Run `code` in a child Python whose address space is capped at what it maps after importing the commands + `extra_gb`."
+    import subprocess, sys
+    prelude = ("import resource, sys\nimport t2t_course.train.cli\n"
+               "vm = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
+               f"cap = vm + int({extra_gb} * 2**30); resource.setrlimit(resource.RLIMIT_AS, (cap, cap))\n")
+    return subprocess.run([sys.executable, '-c', prelude + code, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env=dict(__import__('os').environ, PYTHONWARNINGS='ignore'))
+
+
+def test_a_run_that_cannot_fit_is_refused_before_the_model_is_built(tmp_path):
+    "--img-size 100000 and 4096 x 8, under an address-space cap: one line with the estimate, the limit and what fits; exit 2."
+    import time
+    for extra in (['--img-size', '100000'], ['--img-size', '4096', '--batch-size', '8']):
+        t = time.perf_counter()
+        p = _capped("from t2t_course.train.cli import main; sys.exit(main(sys.argv[1:]))", '--output', tmp_path / 'o', '--epochs', '1', *extra)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr[-2000:]
+        assert f"--img-size {extra[1]} with --batch-size" in p.stderr and "RLIMIT_AS" in p.stderr and 'try --' in p.stderr, p.stderr
+        assert time.perf_counter() - t < 60
+
+
+OOM = {'gpu-simulated': "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')",
+       'numpy': "import numpy as np; np.empty(2**36)",
+       'cpu': "torch.empty(2**44, dtype=torch.uint8)"}
+
+@pytest.mark.parametrize('kind', list(OOM))
+def test_out_of_memory_is_one_line_and_the_last_epoch_resumes(folder, tmp_path, kind):
+    "An allocator's error in epoch 2 (CUDA's simulated, NumPy's and the CPU allocator's real, under a cap): one line naming the size and batch, exit 1; last.pth of epoch 1 intact and resumable."
+    child = ("import torch\nfrom t2t_course.train.callbacks import Callback\nfrom t2t_course.train.cli import main\n"
+             "class Oom(Callback):\n    def after_step(self, run):\n"
+             f"        if run.state.epoch == 1 and run.state.batch == 1: {OOM[kind]}\n"
+             "sys.exit(main(sys.argv[1:], callbacks=[Oom()]))")
+    out = tmp_path / 'run'
+    p = _capped(child, *train_args(folder, out, '--epochs', '2'))
+    assert p.returncode == 1, p.stderr[-3000:]
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and 'out of memory at --img-size 16 with --batch-size 8' in err[0] and str(out) in err[0], p.stderr[-3000:]
+    ck = torch.load(out / 'last.pth', weights_only=True)
+    assert (ck['epoch'], ck['batch']) == (1, 0)  # the end of epoch 1, as saved
+    code, _, e = call(main, train_args(folder, out, '--epochs', '2', '--resume', 'auto'))
+    assert code == 0, e
+    assert torch.load(out / 'last.pth', weights_only=True)['epoch'] == 2
+
+
+def test_ctrl_c_in_t2t_eval_is_one_line(run_ck, monkeypatch):
+    import t2t_course.train.cli as cli
+    def stop(*a, **k): raise KeyboardInterrupt
+    monkeypatch.setattr(cli, 'evaluate_checkpoint', stop)
+    code, _, err = call(eval_main, [str(run_ck)])
+    assert code == 130 and 'interrupted' in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_out_of_memory_in_t2t_eval_is_one_line(run_ck, monkeypatch):
+    import t2t_course.train.cli as cli
+    def oom(*a, **k): raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
+    monkeypatch.setattr(cli, 'evaluate_checkpoint', oom)
+    code, _, err = call(eval_main, [str(run_ck), '--batch-size', '512'])
+    assert code == 1 and 'out of memory' in err and '--batch-size 512' in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_memory_check_names_what_fits_and_can_be_skipped(monkeypatch):
+    from t2t_course.core import SetupError
+    from t2t_course.train.cli import check_memory
+    from t2t_course.train.config import TrainConfig
+    cfg = TrainConfig(model='t2t_vit_14', img_size=224, batch_size=64, ema_decay=0.).resolve()  # not the digits' small model
+    with pytest.raises(SetupError, match=r"more than the 2.0 GB this process may use \(a made-up limit\): try --batch-size \d+ or --img-size \d+"):
+        check_memory(cfg, usable=(2 * 2**30, 'a made-up limit'))
+    assert check_memory(cfg, usable=(2**40, 'plenty'))['train'] > 0
+    monkeypatch.setenv('T2T_COURSE_MEMORY_CHECK', '0')
+    assert check_memory(cfg, usable=(1, 'nothing')) == {}
+
+
+def test_t2t_eval_of_another_architecture_is_one_line(run_ck):
+    code, _, err = call(eval_main, [str(run_ck), '--model', 't2t_vit_14', '--workers', '0'])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    ck = torch.load(run_ck, weights_only=True)
+    import tempfile, os
+    with tempfile.TemporaryDirectory() as d:
+        torch.save({'state_dict': ck['state_dict']}, os.path.join(d, 'foreign.pth'))
+        code, _, err = call(eval_main, [os.path.join(d, 'foreign.pth'), '--model', 't2t_vit_14', '--data', ck['config']['data'], '--workers', '0'])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and 'does not fit this T2TViT (t2t_vit_14): it looks like' in err, err
