@@ -139,16 +139,16 @@ def resume_config(cfg:TrainConfig,   # the resolved config of the command line
     if not isinstance(old, dict): return cfg              # not ours: `resume` refuses it with the reason
     known = {f.name for f in fields(TrainConfig)}
     old = {k: v for k, v in old.items() if k in known}
-    try:  # what the recipe gave the old run: those settings the recipe chooses again (warm-up follows a new --epochs)
-        by_recipe = TrainConfig(**dict(old, **{k: None for k in recipe_keys()}, resume=None, output=cfg.output)).resolve()
-    except SetupError: by_recipe = None
+    def by_recipe(k) -> bool:  # did the recipe choose the old run's k, given its other settings? Then it chooses again
+        try: return getattr(TrainConfig(**dict(old, **{k: None}, resume=None, output=cfg.output)).resolve(), k) == old[k]
+        except SetupError: return False                   # (so a warm-up of a tenth of the epochs follows a new --epochs)
     vals = {f.name: getattr(cfg, f.name) for f in fields(TrainConfig)}
     changed = []
     for k, v in old.items():
         if k in RUN_CONTROLS: continue
         if k in given:
             if vals[k] != v: changed.append(f"{k} {_fmt(v)} -> {_fmt(vals[k])}")
-        elif k in recipe_keys() and by_recipe is not None and getattr(by_recipe, k) == v: vals[k] = None  # the recipe's
+        elif k in recipe_keys() and by_recipe(k): vals[k] = None  # the recipe's
         else: vals[k] = v
     if changed and int(os.environ.get('RANK', 0)) == 0:
         log(f"note: resuming {path} with {', '.join(changed)} (given on the command line; every other setting is the checkpoint's)")

@@ -113,6 +113,10 @@ def test_resume_takes_the_checkpoints_settings(case, tmp_path):
         assert cfg['model_kwargs'] == {'embed_dim': 32, 'depth': 1, 'num_heads': 2, 'mlp_ratio': 2.0, 'token_dim': 16}
         note = next(line for line in stdout.splitlines() if 'note: resuming' in line)
         assert 'epochs 1 -> 2' in note and 'weight_decay' not in note and 'seed' not in note
+        # what the recipe chose (the warm-up, a share of the epochs) it chooses again for the new --epochs
+        from t2t_course.train.config import TrainConfig
+        warmup = lambda epochs: TrainConfig(data=str(data), epochs=epochs, device='cpu').resolve().warmup_epochs
+        assert cfg['warmup_epochs'] == warmup(2) != warmup(1)
     elif case == 'a flag changed':
         code, stdout, err = call(main, [*again, '--weight-decay', '0.05'])
         assert code == 0, err
