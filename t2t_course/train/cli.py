@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog='t2t_train', formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a T2T-ViT. Without --data: a small T2T-ViT on the embedded handwritten digits, on the CPU, in "
                     "minutes. With --data FOLDER: the paper's ImageNet recipe for --model (default t2t_vit_14), its "
-                    "learning rates scaled to the real global batch (lr x batch size x processes / 512). Every default "
-                    "is the recipe's; a flag overrides it. Launch with torchrun for several GPUs or nodes.",
+                    "learning rates scaled to the real global batch (lr x batch size x processes x --grad-accum-steps "
+                    "/ 512). Every default is the recipe's; a flag overrides it. Launch with torchrun (or srun, on SLURM) for "
+                    "several GPUs or nodes.",
         epilog="examples:\n"
                "  t2t_train                                           # the embedded digits, on the CPU\n"
                "  t2t_train --data /data/imagenet --model t2t_vit_14  # one GPU\n"

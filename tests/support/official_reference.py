@@ -1,6 +1,6 @@
 """Independent references for the attention, T2T transformer and T2T Performer layers.
 
-Written from the facts of the official T2T-ViT code (reference/T2T_FACTS.md, sections 3-4), as plain
+Written from the official T2T-ViT code's layers (its `token_transformer.py`, `token_performer.py` and ViT blocks), as plain
 functions of a state_dict (a dict of tensors), in float64, without importing anything from
 `t2t_course`. Tests load a layer's state_dict into these functions and compare outputs, so the tests
 check the library against the facts, not against itself.

@@ -13,7 +13,7 @@ from t2t_course.train.optim import SetupError, scale_lr
 
 def test_recipe_matches_the_paper():
     r14, r7, r19, rt24 = (recipe(m, '/data') for m in ('t2t_vit_14', 't2t_vit_7', 't2t_vit_19', 't2t_vit_t_24'))
-    # the paper's numbers (T2T_FACTS section 5), written out here rather than read from the module
+    # the official recipe's numbers (its training script's arguments), written out here rather than read from the module
     assert (r14['lr'], r14['weight_decay'], r7['lr'], r7['weight_decay']) == (5e-4, 0.05, 1e-3, 0.03)
     assert (r19['weight_decay'], rt24['weight_decay']) == (0.065, 0.065)
     assert (r14['epochs'], r14['cooldown_epochs'], r14['warmup_epochs'], r14['min_lr']) == (300, 10, 10, 1e-5)
