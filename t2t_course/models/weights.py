@@ -63,14 +63,19 @@ def _why_unreadable(e:Exception) -> str:
     return (f"not a PyTorch checkpoint, or a truncated or damaged one ({type(e).__name__}{': ' + first if first else ''}); "
             f"expected a file written by torch.save")
 
+def _existing_file(path, what:str) -> Path:
+    "`path` as a Path, if it is a file that is not empty: else one clear error naming the file and what it is for."
+    path = Path(path)
+    if not path.is_file(): raise FileNotFoundError(f"no {what} file at {path}")
+    if path.stat().st_size == 0: raise CheckpointError(f"{what} file {path} is empty (0 bytes): an interrupted copy or download?")
+    return path
+
 def read_checkpoint(path,                 # a checkpoint file
                     map_location='cpu',   # where to put the tensors
                     what:str='checkpoint' # what the file is for, in the messages
                    ) -> dict:
     "Read a checkpoint file with `weights_only=True` (tensors and plain data; the official files' Namespace allowed), its size checked first."
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no {what} file at {path}")
-    if path.stat().st_size == 0: raise CheckpointError(f"{what} file {path} is empty (0 bytes): an interrupted copy or download?")
+    path = _existing_file(path, what)
     check_archive_size(path, what)  # a compressed bomb is refused before it is inflated
     try:
         if hasattr(torch.serialization, 'safe_globals'):
@@ -106,9 +111,7 @@ def read_safetensors(path,                  # a .safetensors file
                     ) -> dict:
     "Read a safetensors file: its header is JSON and its tensors raw bytes, so reading it runs nothing; damage is a `CheckpointError`."
     from safetensors.torch import load_file
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no {what} file at {path}")
-    if path.stat().st_size == 0: raise CheckpointError(f"{what} file {path} is empty (0 bytes): an interrupted copy or download?")
+    path = _existing_file(path, what)
     try: return load_file(path, device=str(map_location))
     except Exception as e:
         raise CheckpointError(f"cannot read {what} {path}: not a safetensors file, or a truncated or damaged one "
