@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helper beside this script
+from _machine import cpu_line  # noqa: E402
 from t2t_course.data import create_loader
 from t2t_course.data.pipelines import create_pipeline
 from t2t_course.data.synthetic import write_jpegs
@@ -89,6 +91,7 @@ def main(argv=None) -> int:
         sets = {'ImageNet-like 500 x 375': (375, 500), 'large 1600 x 1200': (1200, 1600)}
         for k, size in sets.items():
             write_jpegs(tmp / k.split()[0] / 'train', files, size); write_jpegs(tmp / k.split()[0] / 'val', 2, size)
+        print(cpu_line(1) + ' in each loader worker')
         print(f"{files} generated JPEGs per set (quality 90), the 'imagenet' recipe at {a.img_size} px, batch 32, one loader "
               f"worker per pipeline, best of {rounds} alternating rounds of {n} images")
         ratios = {}

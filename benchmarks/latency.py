@@ -52,6 +52,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec('t2t_course') is None: sys.path.insert(0, str(ROOT))  # run from a checkout, not installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helper beside this script
+from _machine import cpu_flags, cpu_name  # noqa: E402
 PATHS = ('eager', 'compile', 'ort', 'ort_int8', 'bf16')
 ORT_PATHS = ('ort', 'ort_int8')
 BF16_FLAGS = ('avx512_bf16', 'amx_bf16')
@@ -122,25 +124,6 @@ def paper_top1(name:str) -> tuple:
 
 
 # ---------------------------------------------------------------- the machine
-def cpu_name() -> str:
-    "The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."
-    try:
-        for line in open('/proc/cpuinfo'):
-            if line.startswith('model name'): return line.split(':', 1)[1].strip()
-    except OSError: pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
-def cpu_flags() -> set:
-    "The CPU's feature flags from /proc/cpuinfo (empty where it is missing)."
-    try:
-        for line in open('/proc/cpuinfo'):
-            if line.startswith('flags'): return set(line.split(':', 1)[1].split())
-    except OSError: pass
-    return set()
-
-
 def native_bf16() -> list:
     "The native bf16 matrix features this CPU has (avx512_bf16, amx_bf16); empty: none."
     return [f for f in BF16_FLAGS if f in cpu_flags()]

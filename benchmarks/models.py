@@ -4,6 +4,7 @@
     python benchmarks/models.py --quick          # fewer repetitions, a smoke run of every measurement
     python benchmarks/models.py --device cuda    # on a GPU
     python benchmarks/models.py --share-only     # only the GEMM share and the operator profile (under a minute)
+    python benchmarks/models.py --share-only --compile   # and the same model under torch.compile beside it
 
 The two paths differ only in the model's fast-path switches (`t2t_course.core.set_fast_paths`), all on or all off:
 
@@ -30,7 +31,9 @@ Measurements, each printed with the requirement it answers (PASS/FAIL):
    of a square float32 matmul (2048 x 2048, 2 n^3 FLOPs) at the same thread count, in the same process, the two
    alternating round by round, each its fastest round (`--model`, `--img-size`, `--gemm-size` change them); and
    where the forward pass's time goes by operator kind (GEMM, attention, normalisation, activation, gather/copy,
-   other), each operator's self time in `torch.profiler` over a few forward passes.
+   other), each operator's self time in `torch.profiler` over a few forward passes; with `--compile`, the same
+   model under `torch.compile` with inductor's freezing, timed in the same rounds, its share and its largest
+   difference from the eager logits beside the default path's.
 
 How it measures. Times: both paths live in one process, on identical weights; their calls alternate in rounds so
 that both see the same machine load, and each path's estimate is its fastest round (the minimum is the estimate
@@ -43,6 +46,7 @@ import argparse, copy, gc, json, os, subprocess, sys, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helper beside this script
+from _machine import cpu_line  # noqa: E402
 from _peak import peak_extra_mb  # noqa: E402
 
 # Idle OpenMP threads sleep instead of spinning: on a shared machine spinning threads stall each other's calls
@@ -168,31 +172,55 @@ def _best(calls:list, rounds:int) -> list:
     return best
 
 
-def executed_flops(model, x) -> int:
-    "FLOPs of the matmuls and attention the forward pass really runs (torch's FlopCounterMode; the cls-only last block counted as run)."
+def executed_flops(model, x) -> dict:
+    "FLOPs of the matmuls and attention the forward pass really runs, by operator kind (torch's FlopCounterMode; the cls-only last block counted as run)."
     from torch.utils import flop_counter
     from t2t_course.models.backbone import _register_cpu_sdpa_flops
     _register_cpu_sdpa_flops()
     with torch.no_grad(), flop_counter.FlopCounterMode(display=False) as fc: model(x)
-    return fc.get_total_flops()
+    by_kind = {}
+    for op, n in fc.get_flop_counts()['Global'].items():  # op: an OpOverloadPacket, str 'aten.addmm'
+        kind = op_kind('aten::' + str(op).split('.')[-1])
+        by_kind[kind] = by_kind.get(kind, 0) + n
+    return by_kind
 
 
-def gemm_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5) -> dict:
-    "The default path's inference FLOP/s (2 x `count_macs` x batch / time) over a square float32 matmul's, in one process."
+def compile_frozen(model, x):
+    "`torch.compile` with inductor's freezing (weights as constants, MKL-packed matmuls), compiled by one call on `x`: (compiled, seconds)."
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(freezing=True), torch.no_grad():
+        compiled = torch.compile(model)
+        t0 = time.perf_counter(); compiled(x)
+    return compiled, time.perf_counter() - t0
+
+
+def gemm_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5, compiled=False) -> dict:
+    """The default path's inference FLOP/s (2 x `count_macs` x batch / time) over a square float32 matmul's, in one process;
+    with `compiled`, also the same model under `torch.compile` (freezing), timed in the same rounds."""
     from t2t_course.models.backbone import count_macs
     torch.manual_seed(0)
     model = create_model(name, img_size=size).eval()
     macs = count_macs(model, size)['total']
     x = torch.randn(batch, 3, size, size)
-    def forward():
-        with torch.no_grad(): model(x)
+    def forward(m=model):
+        with torch.no_grad(): return m(x)
     mm, mm_flops = gemm_flops(gemm_n)
-    t_model, t_mm = _best([forward, mm], rounds)
-    model_flops, peak = 2 * macs * batch / t_model, mm_flops / t_mm
-    run_flops = batch * executed_flops(model, x[:1])  # matmuls and attention only, as run
+    calls, extra = [forward, mm], {}
+    if compiled:
+        try: cmodel, compile_s = compile_frozen(model, x)
+        except Exception as e:  # no C++ compiler, an unsupported platform: said, and the eager figures stand
+            extra['compile_error'] = f'{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ""}'
+        else:
+            calls.append(lambda: forward(cmodel))
+            extra.update(compile_s=compile_s, compiled_diff=float((forward(cmodel) - forward()).abs().max()))
+    times = _best(calls, rounds)
+    (t_model, t_mm), peak = times[:2], mm_flops / times[1]
+    model_flops = 2 * macs * batch / t_model
+    if len(times) > 2: extra.update(compiled_s=times[2], compiled_share=2 * macs * batch / times[2] / peak)
+    run_flops = {k: batch * n for k, n in executed_flops(model, x[:1]).items()}  # matmuls and attention only, as run
     return dict(model=name, batch=batch, size=size, threads=torch.get_num_threads(), macs=macs, model_s=t_model,
                 model_flops=model_flops, gemm_n=gemm_n, gemm_flops=peak, share=model_flops / peak,
-                matmul_share=run_flops / t_model / peak)
+                matmul_share=sum(run_flops.values()) / t_model / peak, run_flops=run_flops, **extra)
 
 
 # operator kind: aten names (without 'aten::'), matched exactly, else by the patterns in order
@@ -237,9 +265,9 @@ def op_profile(name='t2t_vit_14', batch=8, size=224, calls=3) -> dict:
     return out
 
 
-def print_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5, goal=0.88) -> bool:
-    "Print the GEMM share and the operator profile; True if the share meets `goal`."
-    r = gemm_share(name, batch, size, gemm_n, rounds)
+def print_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5, goal=0.88, compiled=False) -> bool:
+    "Print the GEMM share (and the compiled path's, with `compiled`) and the operator profile; True if the default path's share meets `goal`."
+    r = gemm_share(name, batch, size, gemm_n, rounds, compiled)
     ok = r['share'] >= goal
     print(f"\nGEMM share, {name} inference (default path, fp32, batch {batch} at {size} px, {r['threads']} threads):")
     print(f"  square float32 matmul {gemm_n} x {gemm_n}: {r['gemm_flops'] / 1e9:7.1f} GFLOP/s (best of {rounds} rounds)")
@@ -247,11 +275,21 @@ def print_share(name='t2t_vit_14', batch=8, size=224, gemm_n=2048, rounds=5, goa
           f"{r['model_flops'] / 1e9:7.1f} GFLOP/s")
     print(f"  share {r['share']:.2f} (required >= {goal:.2f})  {'PASS' if ok else 'FAIL'}   "
           f"(the matmuls and attention the pass really runs, FlopCounterMode: {r['matmul_share']:.2f})")
+    if 'compile_error' in r: print(f"  torch.compile (inductor, freezing): not measured: {r['compile_error']}")
+    elif compiled:
+        print(f"  torch.compile (inductor, freezing; compiled in {r['compile_s']:.0f} s, max |logits - eager| "
+              f"{r['compiled_diff']:.1e}): {r['compiled_s'] * 1e3:.1f} ms, share {r['compiled_share']:.2f}, "
+              f"{r['model_s'] / r['compiled_s']:.2f}x the default path")
     prof = op_profile(name, batch, size)
     total = sum(ms for ms, _, _ in prof.values())
     print(f"  where the time goes (torch.profiler, self time by operator kind, {total:.0f} ms per call with the profiler on):")
     for kind, (ms, share, top) in prof.items():
         print(f"    {kind:<14} {100 * share:5.1f}%  {ms:7.1f} ms   " + ', '.join(f"{op} {100 * s:.1f}%" for op, s in top))
+    rates = {k: r['run_flops'][k] / (prof[k][0] / 1e3) / r['gemm_flops'] for k in ('GEMM', 'attention') if r['run_flops'].get(k) and prof[k][0]}
+    print("  their rates (FLOPs run over the profiled time, as a share of the matmul's): "
+          + ', '.join(f"{k} {v:.2f}" for k, v in rates.items()))
+    bound = 2 * r['macs'] * batch / ((prof['GEMM'][0] + prof['attention'][0]) / 1e3) / r['gemm_flops']
+    print(f"  were everything but GEMM and attention free, at these rates the share would be {bound:.2f}")
     return ok
 
 
@@ -265,6 +303,8 @@ def main(argv=None):
     p.add_argument('--model', default='t2t_vit_14', help='the model of the GEMM share (default: t2t_vit_14)')
     p.add_argument('--img-size', type=int, default=224, help='image size of the GEMM share (default: 224)')
     p.add_argument('--gemm-size', type=int, default=2048, help='side of the square matmul it divides by (default: 2048)')
+    p.add_argument('--compile', action='store_true',
+                   help="also time the share's model under torch.compile with inductor's freezing (compiling takes a minute or so)")
     p.add_argument('--memory-worker', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_worker:
@@ -272,9 +312,10 @@ def main(argv=None):
     if args.device.startswith('cuda') and not torch.cuda.is_available(): p.error('--device cuda: no CUDA GPU is available')
     rounds, mem_batch = (1, 2) if args.quick else (args.rounds, args.batch_size)
     print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, fp32, batch {args.batch_size}")
+    if args.device == 'cpu': print(cpu_line(torch.get_num_threads()))
     if args.share_only:
         if args.device != 'cpu': p.error('--share-only measures the CPU')
-        return 0 if print_share(args.model, args.batch_size, args.img_size, args.gemm_size, max(rounds, 2)) else 1
+        return 0 if print_share(args.model, args.batch_size, args.img_size, args.gemm_size, max(rounds, 2), compiled=args.compile) else 1
     results, ok = [], True
     print(f"\n{'model':<14} {'mode':<6} {'default (s)':>11} {'naive (s)':>10} {'speed-up':>9} {'required':>9}"
           f"        {'model alone':>11} {'optimizer step (s)':>19}")
@@ -298,7 +339,7 @@ def main(argv=None):
     for name in ('t2t_vit_7', 't2t_vit_14', 't2t_vit_t_14'):
         t = throughput(name, args.device, args.batch_size, 224, max(rounds - 1, 1))
         print(f"  {name:<14} inference {t['infer']:>7.1f}   training step {t['train']:>7.1f}")
-    if args.device == 'cpu': ok &= print_share(args.model, args.batch_size, args.img_size, args.gemm_size, max(rounds, 2))
+    if args.device == 'cpu': ok &= print_share(args.model, args.batch_size, args.img_size, args.gemm_size, max(rounds, 2), compiled=args.compile)
     print(f"\n{'all requirements met' if ok else 'SOME REQUIREMENTS FAILED'}")
     return 0 if ok else 1
 

@@ -169,8 +169,8 @@ def _sinusoid(self, n:int) -> torch.Tensor:  # (1, n, D)
     pe = self.pos_embed
     if torch.jit.is_scripting():  # TorchScript keeps no cache: a longer table is computed, as in a compiled graph
         return pe[:, :n] if n <= pe.shape[1] else sinusoid_table(n, self.embed_dim, pe.device, pe.dtype)
+    if is_static(n) and n <= pe.shape[1]: return pe[:, :n]  # compiled too: a graph that computed it would pay it per call
     if torch.compiler.is_compiling() or not is_static(n): return sinusoid_table(n, self.embed_dim, pe.device, pe.dtype)
-    if n <= pe.shape[1]: return pe[:, :n]
     key = (n, pe.device, pe.dtype)
     if key not in self._pos_cache:
         with torch.inference_mode(False): table = get_sinusoid_encoding(n, self.embed_dim).to(pe.device, pe.dtype)

@@ -64,6 +64,21 @@ def test_sinusoid_table_in_torch_ops_equals_numpys():
         assert (sinusoid_table(n, d) - get_sinusoid_encoding(n, d)).abs().max() <= 6e-8
 
 
+def test_a_compiled_graph_reads_the_table_it_has_and_computes_only_longer_ones():
+    """Under torch.compile a length known while compiling, up to the table's, is a slice of pos_embed (no sines in the
+    graph); a longer one is computed in the graph. The same logits either way."""
+    model = create_model('t2t_vit_7', img_size=64, embed_dim=64, depth=1, num_heads=2).eval()
+    graphs = []
+    def backend(gm, example_inputs):  # record dynamo's graph and run it as it is: no inductor
+        graphs.append(gm.code); return gm.forward
+    for size in (64, 32, 96):  # 16 and 4 tokens (the table's beginning), 36 (longer than the table)
+        torch._dynamo.reset(); graphs.clear()
+        x = torch.randn(1, 3, size, size)
+        with torch.no_grad(): torch.testing.assert_close(torch.compile(model, backend=backend, dynamic=False)(x), model(x))
+        code = '\n'.join(graphs)
+        assert ('sin' in code) == (size == 96), (size, code[:2000])
+
+
 def test_learned_table_follows_the_grid_not_just_the_length():
     "A ViT built at 64 px (4 x 4) run at 128 x 32 (8 x 2, also 16 tokens) resizes its table to the new grid."
     vit = create_model('vit_baseline', img_size=64, embed_dim=32, depth=1, num_heads=2).eval()

@@ -2,6 +2,8 @@
 in one run) and its profile by operator kind, on a small model at 64 px; every operator's kind."""
 import importlib.util, re
 
+import pytest
+
 from tests.support.commands import REPO, run
 
 spec = importlib.util.spec_from_file_location('models_benchmark', REPO / 'benchmarks' / 'models.py')
@@ -21,6 +23,7 @@ def test_gemm_share_and_profile_of_a_small_model():
     assert r['macs'] > 1e7 and r['model_s'] > 0 and r['gemm_flops'] > 1e8
     assert abs(r['share'] - r['model_flops'] / r['gemm_flops']) < 1e-9 and 0 < r['share'] < 5
     assert 0 < r['matmul_share'] <= r['share']  # the matmuls run are fewer FLOPs than every MAC counted
+    assert set(r['run_flops']) == {'GEMM', 'attention'} and r['run_flops']['GEMM'] > r['run_flops']['attention'] > 0
     prof = bench.op_profile('t2t_vit_7', batch=2, size=64, calls=1)
     assert tuple(prof) == bench.KINDS and abs(sum(s for _, s, _ in prof.values()) - 1) < 1e-6
     assert prof['GEMM'][1] > 0.1 and prof['normalisation'][1] > 0 and prof['activation'][1] > 0, prof
@@ -34,3 +37,14 @@ def test_share_only_prints_the_share_and_the_profile():
     assert re.search(r'square float32 matmul 256 x 256: +[\d.]+ GFLOP/s', out), out
     assert re.search(r'share \d\.\d\d \(required >= 0\.88\)  (PASS|FAIL)', out), out
     for kind in bench.KINDS: assert re.search(rf'\n +{re.escape(kind)} +[\d.]+%', out), (kind, out)
+    assert re.search(r"as a share of the matmul's\): GEMM \d\.\d\d, attention \d\.\d\d", out), out
+    assert re.search(r'the share would be \d\.\d\d', out), out
+
+
+@pytest.mark.slow
+def test_the_compiled_path_is_timed_beside_the_default_one():
+    "--compile: the same model under torch.compile (freezing) in the same rounds, the same logits to float tolerance."
+    r = bench.gemm_share('t2t_vit_7', batch=1, size=32, gemm_n=128, rounds=2, compiled=True)
+    assert 'compile_error' not in r, r
+    assert r['compiled_diff'] < 1e-4 and r['compiled_s'] > 0 and r['compile_s'] > 0
+    assert abs(r['compiled_share'] / r['share'] - r['model_s'] / r['compiled_s']) < 1e-9
