@@ -1,5 +1,5 @@
 """The fast pipeline (chapter 12d, `t2t_course.data.pipelines.fast`): its lean RandAugment bit for bit torchvision's,
-the shear and Sharpness bit for bit PIL's, torch's uint8 resize within 2 levels of PIL's, the crop drawing what draft
+the numpy ops (shears, translations, Sharpness, Posterize, Solarize) bit for bit PIL's at every magnitude, torch's uint8 resize within 2 levels of PIL's, the crop drawing what draft
 draws, a whole sample at pil's draws, the erasing draws, the batch step, a loader through a worker process; on a GPU
 (marked `cuda`), the batch step equals the CPU's."""
 import shutil
@@ -13,8 +13,8 @@ from torchvision.transforms import v2
 
 from t2t_course.data import ImageFolderDataset, create_loader, create_train_transform, load_rgb, mean_fill
 from t2t_course.data.pipelines import (BatchPostCrop, BatchTransformLoader, DraftCrop, FastCrop, FastPostCrop,
-                                 KernelRandAugment, collate_uint8, create_pipeline, erase_params, pil_vertical_first,
-                                 resize_uint8, sharpness_rgb, shear_bicubic)
+                                 KernelRandAugment, RA_OPS, U8_OPS, collate_uint8, create_pipeline, erase_params,
+                                 pil_vertical_first, resize_uint8, sharpness_rgb, shear_bicubic, translate_u8)
 from t2t_course.data.synthetic import make_photo, write_jpegs
 
 STD255 = torch.tensor((0.229, 0.224, 0.225)).view(3, 1, 1) * 255  # normalised units -> levels
@@ -30,6 +30,41 @@ def test_lean_randaugment_is_torchvisions_bit_for_bit():
             torch.manual_seed(seed); a = theirs(img)
             torch.manual_seed(seed); b = ours(img)
             assert np.array_equal(np.asarray(a), np.asarray(b)), seed
+
+
+def test_u8_ops_are_pils_at_every_magnitude():
+    "Each numpy op against torchvision's PIL op, at every magnitude of 11 bins and both signs, on a photo and on noise of odd size: PIL's bytes, in a new writable array."
+    fill, rng = list(mean_fill()), np.random.default_rng(3)
+    assert sorted(U8_OPS) == [1, 2, 3, 4, 9, 10, 11]  # ShearX, ShearY, TranslateX, TranslateY, Sharpness, Posterize, Solarize
+    for arr in (make_photo(64, 96), rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)):
+        H, W = arr.shape[:2]
+        for k, op in U8_OPS.items():
+            name, strengths, signed, pil_op = RA_OPS[k]
+            for m in strengths(11, H, W).tolist():
+                for sign in ((1, -1) if signed else (1,)):
+                    ref = np.asarray(pil_op(Image.fromarray(arr), sign * m, v2.InterpolationMode.BICUBIC, fill))
+                    out = op(arr, sign * m, fill)
+                    assert out.flags.writeable and np.array_equal(out, ref), (name, sign * m, H, W)
+    for dx, dy in [(W, 0), (0, -H), (-W - 3, 5)]:  # shifted out of the image: all fill, as PIL's paste leaves it
+        assert (translate_u8(arr, dx, dy, fill) == np.array(fill, np.uint8)).all()
+
+
+def test_kernel_randaugment_hands_back_pil_only_where_pil_computed_last():
+    "The image turns into an array at the first numpy op (a translation of a PIL image stays PIL's paste), back into PIL at a PIL op, and Identity twice hands back the input itself."
+    from t2t_course.data.pipelines import ra_draw
+    ra, img = KernelRandAugment(2, 9, 11, fill=mean_fill()), Image.fromarray(make_photo(48, 64))
+    seen = set()
+    for seed in range(200):
+        torch.manual_seed(seed); ops = [ra_draw(11, 9, 48, 64)[0] for _ in range(2)]
+        state = 'input'
+        for k in ops:
+            if k: state = 'array' if k in U8_OPS and (state == 'array' or k not in (3, 4)) else 'PIL'
+        torch.manual_seed(seed); out = ra(img)
+        seen.add(state)
+        if state == 'input': assert out is img
+        else: assert isinstance(out, np.ndarray if state == 'array' else Image.Image), (seed, ops)
+        assert np.asarray(out).shape == (48, 64, 3) and np.asarray(out).dtype == np.uint8
+    assert seen == {'input', 'array', 'PIL'}
 
 
 @pytest.mark.parametrize('m', [0.27, -0.27, 0.05, -0.3])
