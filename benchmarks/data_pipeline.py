@@ -1,6 +1,6 @@
 """Data-pipeline throughput: images/s per loader worker of the recipe's training transform, today's `pil` pipeline
 against the CPU pipelines of chapter 12, `draft` (crop first, DCT-scaled decode) and `fast` (draft's draws, torch
-decode and uint8 resize, numpy shears, uint8 out of the worker), side by side in one run, on generated ImageNet-like
+decode and uint8 resize, RandAugment's PIL-exact numpy ops, uint8 out of the worker), side by side in one run, on generated ImageNet-like
 JPEGs (500 x 375, `make_photo`: gradients, shapes, texture), and on large photos (1600 x 1200) where the draft decode
 can reduce; on a CUDA GPU also `fast` with its batch step on the GPU and the `gpu` pipeline (workers read bytes;
 nvJPEG decode and augmentation on the GPU), with 1, 4 and 8 workers.
